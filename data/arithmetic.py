@@ -1,0 +1,80 @@
+"""Arithmetic word problems whose worked solutions have a long-tailed length.
+
+A problem is a start amount followed by k gain/loss events; the worked solution writes one
+line per event ("12+7=19.") and ends with "\\boxed{answer}". k is drawn from a geometric
+distribution (P(k) ~ p (1-p)^(k-1), capped), so most solutions are one or two lines and a few
+need many: the long tail that partial rollout exists for.
+
+Rows: {"id", "task": "math", "prompt", "answer", "solution"}. The SFT view adds "completion".
+
+    python -m data.arithmetic --out runs/data --train 20000 --eval 256
+"""
+import argparse
+import json
+import random
+from pathlib import Path
+
+NAMES = ["Ann", "Ben", "Cara", "Dev", "Eli", "Fay", "Gus", "Hana", "Ivo", "Jo"]
+ITEMS = ["apples", "coins", "books", "cards", "shells", "stamps", "pens", "marbles"]
+PROMPT_SUFFIX = " Answer:"
+
+
+def make_problem(rng: random.Random, max_steps: int = 12, p_stop: float = 0.45,
+                 max_value: int = 20) -> dict:
+    """One problem. Steps k ~ Geometric(p_stop) capped at max_steps; amounts in [1, max_value]."""
+    k = 1
+    while k < max_steps and rng.random() > p_stop:
+        k += 1
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    total = rng.randint(1, max_value)
+    sentences = [f"{name} has {total} {item}."]
+    lines = []
+    for _ in range(k):
+        x = rng.randint(1, max_value)
+        if rng.random() < 0.5 or x > total:  # gains keep the total non-negative
+            sentences.append(f"{name} gets {x} more.")
+            lines.append(f"{total}+{x}={total + x}.")
+            total += x
+        else:
+            sentences.append(f"{name} loses {x}.")
+            lines.append(f"{total}-{x}={total - x}.")
+            total -= x
+    prompt = " ".join(sentences) + f" How many {item} now?" + PROMPT_SUFFIX
+    solution = " " + " ".join(lines) + f" \\boxed{{{total}}}"
+    return {"task": "math", "prompt": prompt, "answer": str(total), "solution": solution}
+
+
+def make_split(n: int, seed: int, start_id: int = 0) -> list[dict]:
+    """n problems from a seeded generator; ids start_id, start_id+1, ..."""
+    rng = random.Random(seed)
+    return [{"id": start_id + i, **make_problem(rng)} for i in range(n)]
+
+
+def write_jsonl(rows: list[dict], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+
+
+def write_demo_data(out: Path, n_train: int, n_sft: int, n_eval: int, seed: int = 0) -> None:
+    """rl_train.jsonl / eval.jsonl (prompt, answer) and sft.jsonl (prompt, completion)."""
+    train = make_split(n_train, seed, 0)
+    sft = make_split(n_sft, seed + 1, n_train)
+    held_out = make_split(n_eval, seed + 2, n_train + n_sft)
+    seen = {r["prompt"] for r in train} | {r["prompt"] for r in sft}
+    held_out = [r for r in held_out if r["prompt"] not in seen]
+    write_jsonl(train, out / "rl_train.jsonl")
+    write_jsonl([{**r, "completion": r["solution"]} for r in sft], out / "sft.jsonl")
+    write_jsonl(held_out, out / "eval.jsonl")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--train", type=int, default=20000, help="RL prompts")
+    ap.add_argument("--sft", type=int, default=20000, help="SFT prompt/completion pairs")
+    ap.add_argument("--eval", type=int, default=256, help="held-out prompts")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    write_demo_data(a.out, a.train, a.sft, a.eval, a.seed)

@@ -1,0 +1,59 @@
+"""Math answer reward: the last \\boxed{...} of the completion, checked with math-verify.
+
+score, info = math_reward(completion, answer)   # score in {0.0, 1.0}
+info["reason"]: ok | wrong | no_answer | too_long | timeout | error
+
+Hostile text is cheap to reject: only the last \\boxed{} is extracted (a linear scan, bounded by
+MAX_ANSWER_CHARS and MAX_DEPTH), so a huge or deeply nested completion returns promptly; the parse
+and the comparison each run under math-verify's own timeout (a SIGALRM, main thread only). The
+reward pool adds a hard per-sample wall limit on top (rewards/pool.py).
+"""
+import threading
+
+from math_verify import parse, verify
+from math_verify.errors import TimeoutException
+from math_verify.parser import ExprExtractionConfig, LatexExtractionConfig
+
+MAX_ANSWER_CHARS = 256  # longer boxed content is scored 0 as too_long
+MAX_DEPTH = 8  # bracket nesting ({[ inside \boxed{}: sympy slows down steeply past it
+TIMEOUT_S = 2  # math-verify's parse and verify limits
+_CONFIG = [LatexExtractionConfig(), ExprExtractionConfig()]
+
+
+def last_boxed(text: str) -> tuple[str | None, str]:
+    """Content of the last \\boxed{...} and a reason: ok | no_answer | too_long."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None, "no_answer"
+    i, depth, brackets = start + len("\\boxed{"), 1, 0
+    end = min(len(text), i + MAX_ANSWER_CHARS + 1)
+    for j in range(i, end):
+        ch = text[j]
+        if ch in "({[":
+            depth += ch == "{"
+            brackets += 1
+            if brackets > MAX_DEPTH:
+                return None, "too_long"
+        elif ch in ")}]":
+            brackets -= 1
+            depth -= ch == "}"
+            if depth == 0:
+                return text[i:j], "ok"
+    return None, ("too_long" if end - i > MAX_ANSWER_CHARS else "no_answer")
+
+
+def math_reward(completion: str, answer: str) -> tuple[float, dict]:
+    """1.0 if the last boxed answer equals `answer` (math-verify: fractions, decimals, radicals...)."""
+    pred, reason = last_boxed(completion)
+    if pred is None:
+        return 0.0, {"reason": reason}
+    timeout = TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+    try:
+        gold_expr = parse(f"${answer}$", _CONFIG, parsing_timeout=timeout, raise_on_error=True)
+        pred_expr = parse(f"${pred}$", _CONFIG, parsing_timeout=timeout, raise_on_error=True)
+        ok = bool(pred_expr) and verify(gold_expr, pred_expr, timeout_seconds=timeout, raise_on_error=True)
+    except (TimeoutError, TimeoutException):
+        return 0.0, {"reason": "timeout", "pred": pred}
+    except Exception as e:  # a verifier failure on model output is scored, never raised
+        return 0.0, {"reason": "error", "pred": pred, "error": f"{type(e).__name__}: {e}"[:200]}
+    return (1.0, {"reason": "ok", "pred": pred}) if ok else (0.0, {"reason": "wrong", "pred": pred})

