@@ -1,0 +1,155 @@
+"""CoPRIS: concurrency-controlled partial rollout (Qu et al.), engine-agnostic.
+
+collect() keeps exactly P = `concurrency` requests in flight while work remains, stops as soon as
+B = `groups` groups of n samples are complete on this rank, aborts what is still running and keeps
+every token it produced (accumulated from DELTA outputs, so nothing streamed before the abort is
+lost) in a partial buffer, each token tagged with its sampling log-prob and the policy version
+that sampled it. Next call resumes the buffered trajectories first, re-submitted as
+prompt + tokens so far with max_tokens reduced by what they already hold; new prompts are drawn
+only when a slot is free and nothing is waiting, so the unstarted queue never grows across steps.
+
+Cross-stage importance sampling: each trajectory carries `old_logprobs`, one value per token,
+appended stage by stage for the tokens sampled in that stage (the trainer's recomputation with
+the policy that sampled them, or the engine's own values). The loss's ratio for token t is
+exp(logp_t - old_t) against the policy of the stage that sampled t.
+
+enabled=False is synchronous rollout through the same code: P = B*n, exactly B prompts drawn,
+every request runs to the end.
+
+The engine needs: add(req_id, prompt_ids, params), step() -> [Delta], abort(req_ids),
+sampling(max_tokens, temperature, top_p, seed, stop_token_ids, ignore_eos) (rollout/vllm_engine.py).
+"""
+import hashlib
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Trajectory:
+    """One sample of one prompt, possibly spanning several rollout stages."""
+    prompt_id: int
+    sample: int  # index within its group, 0..n-1
+    prompt_ids: list[int]
+    tokens: list[int] = field(default_factory=list)  # response so far
+    logprobs: list[float] = field(default_factory=list)  # engine sampling log-prob per token
+    versions: list[int] = field(default_factory=list)  # policy version that sampled each token
+    old_logprobs: list[float] = field(default_factory=list)  # cross-stage old log-probs (prefix of tokens)
+    segments: int = 0  # times submitted to the engine
+    finish_reason: str | None = None  # "stop" | "length" once finished
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class Group:
+    """The n samples of one prompt; complete when all are finished. `row` is the data row."""
+    prompt_id: int
+    row: dict
+    samples: list[Trajectory]
+
+    @property
+    def complete(self) -> bool:
+        return all(t.finished for t in self.samples)
+
+
+def request_seed(run_seed: int, prompt_id: int, sample: int, segment: int) -> int:
+    """A per-request sampling seed from (run seed, prompt, sample, segment): the same tokens
+    whatever else is in the batch, which makes a resumed run repeat an uninterrupted one."""
+    h = hashlib.blake2b(f"{run_seed}/{prompt_id}/{sample}/{segment}".encode(), digest_size=8)
+    return int.from_bytes(h.digest(), "little") & 0x7FFFFFFF
+
+
+@dataclass
+class RolloutStats:
+    """What one collect() did; the trainer logs it."""
+    engine_steps: int = 0
+    busy_slot_steps: int = 0  # sum over engine steps of requests in flight
+    max_in_flight: int = 0
+    new_tokens: int = 0  # tokens generated this call
+    aborted: int = 0  # requests aborted into the buffer
+    restarted_stale: int = 0
+
+
+class CoprisScheduler:
+    """Partial-rollout scheduler. `draw_prompt()` -> (prompt_id, prompt_ids, row) gives new work."""
+
+    def __init__(self, n: int, groups: int, concurrency: int, max_response_len: int, temperature: float,
+                 top_p: float, stop_token_ids: list[int], seed: int, enabled: bool = True,
+                 staleness_cap: int | None = None, ignore_eos: bool = False):
+        self.n, self.groups, self.enabled = n, groups, enabled
+        self.P = concurrency if enabled else groups * n
+        self.max_response_len, self.temperature, self.top_p = max_response_len, temperature, top_p
+        self.stop_token_ids, self.seed, self.ignore_eos = stop_token_ids, seed, ignore_eos
+        self.staleness_cap = staleness_cap
+        self.buffer: list[Group] = []  # groups carried over: some samples finished, some partial
+
+    def _submit(self, engine, t: Trajectory, version: int) -> str:
+        if self.staleness_cap is not None and t.versions and version - t.versions[0] > self.staleness_cap:
+            t.tokens, t.logprobs, t.versions, t.old_logprobs = [], [], [], []
+            self.stats.restarted_stale += 1
+        req_id = f"p{t.prompt_id}-s{t.sample}-g{t.segments}"
+        params = engine.sampling(self.max_response_len - len(t.tokens), self.temperature, self.top_p,
+                                 request_seed(self.seed, t.prompt_id, t.sample, t.segments),
+                                 self.stop_token_ids, self.ignore_eos)
+        engine.add(req_id, t.prompt_ids + t.tokens, params)
+        t.segments += 1
+        return req_id
+
+    def collect(self, engine, draw_prompt, version: int) -> tuple[list[Group], RolloutStats]:
+        """Run the engine until B groups are complete; returns them (group rows consecutive)."""
+        self.stats = RolloutStats()
+        open_groups: list[Group] = self.buffer
+        self.buffer = []
+        done = [g for g in open_groups if g.complete]
+        open_groups = [g for g in open_groups if not g.complete]
+        waiting = [t for g in open_groups for t in g.samples if not t.finished]  # resumed first
+        for t in waiting:  # a trajectory already at the length limit finishes as truncated
+            if len(t.tokens) >= self.max_response_len:
+                t.finish_reason = "length"
+        waiting = [t for t in waiting if not t.finished]
+        done += [g for g in open_groups if g.complete]
+        open_groups = [g for g in open_groups if not g.complete]
+        drawn = len(open_groups) + len(done)  # groups counted against the sync-mode budget
+        running: dict[str, Trajectory] = {}
+        while len(done) < self.groups:
+            while len(running) < self.P:
+                if not waiting:
+                    if not self.enabled and drawn >= self.groups:
+                        break
+                    prompt_id, prompt_ids, row = draw_prompt()
+                    g = Group(prompt_id, row, [Trajectory(prompt_id, i, list(prompt_ids)) for i in range(self.n)])
+                    open_groups.append(g)
+                    waiting = list(g.samples)
+                    drawn += 1
+                t = waiting.pop(0)
+                running[self._submit(engine, t, version)] = t
+            self.stats.max_in_flight = max(self.stats.max_in_flight, len(running))
+            self.stats.busy_slot_steps += len(running)
+            self.stats.engine_steps += 1
+            for d in engine.step():
+                t = running[d.req_id]
+                t.tokens += d.token_ids
+                t.logprobs += d.logprobs
+                t.versions += [version] * len(d.token_ids)
+                self.stats.new_tokens += len(d.token_ids)
+                if d.finished:
+                    del running[d.req_id]
+                    t.finish_reason = d.finish_reason or "stop"
+            still_open = []
+            for g in open_groups:
+                (done if g.complete else still_open).append(g)
+            open_groups = still_open
+        engine.abort(list(running))
+        self.stats.aborted = len(running)
+        self.buffer = open_groups + done[self.groups:]
+        return done[:self.groups], self.stats
+
+    # -- resumable state ----------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"buffer": [{"prompt_id": g.prompt_id, "row": g.row, "samples": [vars(t) for t in g.samples]}
+                           for g in self.buffer]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.buffer = [Group(g["prompt_id"], g["row"], [Trajectory(**t) for t in g["samples"]])
+                       for g in state["buffer"]]

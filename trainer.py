@@ -1,0 +1,825 @@
+"""RL post-training for LLMs in one file: a colocated vLLM rollout engine and an FSDP2 policy per rank.
+
+    torchrun --nproc_per_node N trainer.py --config configs/X.yaml [--key=value ...] [--section.key=value]
+
+One RL step (rl_step, top to bottom): push the policy's weights into the engine if they changed ->
+CoPRIS rollout (partial, concurrency-controlled; or synchronous) -> engine sleeps -> rewards in a
+worker pool -> old log-probs (cross-stage: earlier stages keep their values) -> advantages (GRPO or
+RLOO) -> PPO-clip update over token-budget micro-batches -> metrics, export.
+`mode: sft` trains on prompt/completion pairs with the same model code.
+
+Ranks own disjoint prompts; a group (n samples of one prompt) never spans ranks; every rank
+collects batch_groups / world groups, so all ranks train on the same number of rows.
+"""
+import argparse
+import contextlib
+import dataclasses
+import difflib
+import json
+import math
+import os
+import random
+import shutil
+import socket
+import sys
+import time
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import yaml
+
+# ---------------------------------------------------------------------------------------------
+# Config: one dataclass tree, yaml presets, --key=value overrides (type-checked, unknown keys fail)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class EngineConfig:
+    max_num_seqs: int = 256  # vLLM's running-batch limit; must be >= copris.concurrency
+    gpu_memory_utilization: float = 0.4  # CUDA: share of GPU memory vLLM takes while awake
+    enforce_eager: bool = True  # no CUDA graphs / compile: fast start; set false for long GPU runs
+
+
+@dataclass
+class CoprisConfig:
+    enabled: bool = True  # false: synchronous rollout, every request runs to the end
+    concurrency: int = 64  # P: requests in flight per rank (the paper's default is 1024 per node)
+    staleness_cap: int | None = None  # restart a partial trajectory sampled more than k versions ago; null = never
+    old_logprob_source: str = "trainer"  # trainer: recompute per stage with the FSDP policy | rollout: engine's values
+
+
+@dataclass
+class Config:
+    mode: str = "rl"  # rl | sft
+    model_path: str = ""  # local HF model folder (config.json, safetensors, tokenizer files)
+    train_data: str = ""  # jsonl; rl rows: prompt, answer (task: math); sft rows: prompt, completion
+    eval_data: str = ""  # held-out jsonl (prompt, answer); "" = no evaluation
+    run_dir: str = "runs/default"  # metrics.jsonl, config.yaml, export/ and plots go here
+    seed: int = 0  # data order, sampling seeds, init
+    max_prompt_len: int = 256  # prompts longer than this (tokens) are skipped and counted
+    max_response_len: int = 512  # tokens per response; the engine's max_model_len is the sum
+    n_samples: int = 8  # K: samples per prompt (group size)
+    batch_groups: int = 16  # B: prompt groups per RL step over all ranks (divisible by the world size)
+    temperature: float = 1.0  # sampling temperature; the loss's log-probs use the same one
+    top_p: float = 1.0  # nucleus sampling
+    steps: int = 100  # RL steps, or SFT optimizer steps when sft_epochs is 0
+    lr: float = 1e-6  # AdamW learning rate (peak)
+    weight_decay: float = 0.0  # AdamW weight decay
+    warmup_steps: int = 0  # linear warmup, then constant (RL) or cosine to 10% (SFT)
+    grad_clip: float = 1.0  # max global grad norm
+    token_budget: int = 8192  # micro-batch size in tokens: rows x padded length
+    mini_batches: int = 1  # optimizer steps per RL batch (1 = on-policy up to partial rollout)
+    advantage: str = "grpo"  # grpo | rloo
+    scale_std: bool = True  # GRPO: divide by the group's std
+    clip_low: float = 0.2  # PPO clip: ratio >= 1 - clip_low
+    clip_high: float = 0.28  # PPO clip: ratio <= 1 + clip_high (asymmetric, DAPO clip-higher)
+    dual_clip: float | None = None  # dual clip c (e.g. 3 or 10) for negative advantages; null = off
+    kl_coef: float = 0.0  # k3 KL to a frozen reference copy of the initial policy; 0 = no reference
+    loss_agg: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum
+    sft_epochs: int = 1  # SFT passes over train_data (0: run `steps` optimizer steps)
+    sft_batch_rows: int = 64  # SFT rows per optimizer step over all ranks
+    eval_every: int = 10  # evaluate every k RL steps (and before the first and after the last); 0 = ends only
+    eval_samples: int = 4  # k sampled completions per eval prompt for mean@k / pass@k (plus one greedy)
+    export_every: int = 0  # HF export every k steps; 0 = at the end only
+    reward_workers: int = 1  # reward processes per rank
+    reward_timeout_s: float = 10.0  # wall limit per sample; over it scores 0 and is counted
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    copris: CoprisConfig = field(default_factory=CoprisConfig)
+
+
+CHOICES = {"mode": {"rl", "sft"}, "advantage": {"grpo", "rloo"},
+           "loss_agg": {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum"},
+           "copris.old_logprob_source": {"trainer", "rollout"}}
+
+
+class ConfigError(ValueError):
+    """A user error in the config: printed without a traceback."""
+
+
+def _parse_value(text: str, tp, key: str):
+    """A CLI string -> the field's type (bool, int, float, str, or X | None)."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        if text.lower() in ("null", "none", "~"):
+            return None
+        tp = next(a for a in typing.get_args(tp) if a is not type(None))
+    if tp is bool:
+        if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
+            raise ConfigError(f"{key}: expected true/false, got {text!r}")
+        return text.lower() in ("true", "1", "yes")
+    try:
+        return tp(text)
+    except ValueError:
+        raise ConfigError(f"{key}: expected {tp.__name__}, got {text!r}") from None
+
+
+def _check_type(value, tp, key: str):
+    """A yaml value must already have the field's type (an int is accepted for a float)."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        if value is None:
+            return None
+        tp = next(a for a in typing.get_args(tp) if a is not type(None))
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
+        raise ConfigError(f"{key}: expected {tp.__name__}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _apply(obj, key: str, value, from_cli: bool, prefix: str = "") -> None:
+    head, _, rest = key.partition(".")
+    hints = typing.get_type_hints(type(obj))
+    if head not in hints:
+        near = difflib.get_close_matches(head, list(hints), n=1)
+        raise ConfigError(f"unknown config key {prefix + head!r}" + (f" (did you mean {prefix + near[0]!r}?)" if near else ""))
+    tp, full = hints[head], prefix + head
+    if dataclasses.is_dataclass(tp):
+        if rest:
+            return _apply(getattr(obj, head), rest, value, from_cli, full + ".")
+        if not isinstance(value, dict):
+            raise ConfigError(f"{full}: expected a mapping of its keys, got {value!r}")
+        for k, v in value.items():
+            _apply(getattr(obj, head), str(k), v, from_cli, full + ".")
+        return
+    if rest:
+        raise ConfigError(f"unknown config key {key!r}: {full} has no sub-keys")
+    value = _parse_value(value, tp, full) if from_cli else _check_type(value, tp, full)
+    if full in CHOICES and value not in CHOICES[full]:
+        raise ConfigError(f"{full}: must be one of {sorted(CHOICES[full])}, got {value!r}")
+    setattr(obj, head, value)
+
+
+def load_config(argv: list[str]) -> Config:
+    """--config file.yaml (optional) then --key=value / --section.key=value overrides."""
+    ap = argparse.ArgumentParser(description="RL post-training trainer", add_help=True)
+    ap.add_argument("--config", type=str, default=None, help="yaml preset")
+    args, rest = ap.parse_known_args(argv)
+    cfg = Config()
+    if args.config:
+        if not Path(args.config).is_file():
+            raise ConfigError(f"--config {args.config}: no such file")
+        data = yaml.safe_load(Path(args.config).read_text()) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{args.config}: expected a mapping of config keys")
+        for k, v in data.items():
+            _apply(cfg, str(k), v, from_cli=False)
+    for item in rest:
+        if not item.startswith("--") or "=" not in item:
+            raise ConfigError(f"bad argument {item!r}: expected --key=value")
+        k, v = item[2:].split("=", 1)
+        _apply(cfg, k, v, from_cli=True)
+    validate_config(cfg)
+    return cfg
+
+
+def validate_config(cfg: Config) -> None:
+    """Impossible settings fail here, before anything expensive starts."""
+    if not cfg.model_path:
+        raise ConfigError("model_path is required (a local HF model folder)")
+    if not (Path(cfg.model_path) / "config.json").is_file():
+        raise ConfigError(f"model_path {cfg.model_path!r}: no config.json there (not a local HF model folder)")
+    for key in ("train_data",) + (("eval_data",) if cfg.eval_data else ()):
+        if not Path(getattr(cfg, key)).is_file():
+            raise ConfigError(f"{key} {getattr(cfg, key)!r}: no such file")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if cfg.mode == "rl" and cfg.batch_groups % world:
+        raise ConfigError(f"batch_groups={cfg.batch_groups} is not divisible by the {world} ranks")
+    if cfg.mode == "rl" and cfg.copris.enabled and cfg.copris.concurrency > cfg.engine.max_num_seqs:
+        raise ConfigError(f"copris.concurrency={cfg.copris.concurrency} exceeds engine.max_num_seqs="
+                          f"{cfg.engine.max_num_seqs}: the engine could not run them all at once")
+    for key in ("n_samples", "batch_groups", "max_prompt_len", "max_response_len", "token_budget", "mini_batches"):
+        if getattr(cfg, key) < 1:
+            raise ConfigError(f"{key} must be >= 1, got {getattr(cfg, key)}")
+    if cfg.token_budget < cfg.max_prompt_len + cfg.max_response_len:
+        raise ConfigError(f"token_budget={cfg.token_budget} is below one full row "
+                          f"(max_prompt_len + max_response_len = {cfg.max_prompt_len + cfg.max_response_len})")
+
+
+# ---------------------------------------------------------------------------------------------
+# Distributed setup
+# ---------------------------------------------------------------------------------------------
+
+
+def init_distributed() -> tuple[int, int, torch.device]:
+    """Process group from torchrun's env (a 1-rank group when run as plain python)."""
+    if "RANK" not in os.environ:  # plain `python trainer.py`: a world of one, same code path
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+        dist.init_process_group("gloo")
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def all_sum(values: list[float], device) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def all_max(value: int, device) -> int:
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+# ---------------------------------------------------------------------------------------------
+# Data
+# ---------------------------------------------------------------------------------------------
+
+REQUIRED_KEYS = {"rl": ("prompt",), "sft": ("prompt", "completion")}
+TASK_KEYS = {"math": ("answer",), "code": ("tests",), "triton": ("reference_code",)}
+
+
+def load_rows(path: str, mode: str) -> list[dict]:
+    """Read a jsonl file; a malformed row is an error naming the file and line."""
+    rows = []
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise ConfigError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+            needed = REQUIRED_KEYS[mode] + (TASK_KEYS.get(row.get("task", "math"), ()) if mode == "rl" else ())
+            if mode == "rl" and row.get("task", "math") not in TASK_KEYS:
+                raise ConfigError(f"{path}:{lineno}: unknown task {row.get('task')!r} (one of {sorted(TASK_KEYS)})")
+            for k in needed:
+                if k not in row:
+                    raise ConfigError(f"{path}:{lineno}: missing key {k!r}")
+            if not isinstance(row["prompt"], str) or not row["prompt"]:
+                raise ConfigError(f"{path}:{lineno}: 'prompt' must be a non-empty string")
+            rows.append(row)
+    if not rows:
+        raise ConfigError(f"{path}: no rows")
+    return rows
+
+
+def tokenize_prompts(rows: list[dict], tok, max_len: int) -> tuple[list[dict], int]:
+    """Adds row['prompt_ids']; drops rows whose prompt is over max_len tokens. -> (kept, skipped)."""
+    kept = []
+    for row in rows:
+        ids = tok(row["prompt"], add_special_tokens=False)["input_ids"]
+        if len(ids) <= max_len:
+            kept.append({**row, "prompt_ids": ids})
+    return kept, len(rows) - len(kept)
+
+
+class PromptSource:
+    """This rank's share of a seeded per-epoch shuffle: draw() -> (prompt_id, prompt_ids, row).
+    prompt_id is a unique draw number (epoch * N + index): it seeds sampling and names requests."""
+
+    def __init__(self, rows: list[dict], seed: int, rank: int, world: int):
+        self.rows, self.seed, self.rank, self.world = rows, seed, rank, world
+        self.cursor = 0  # draws made by this rank
+
+    def draw(self):
+        per_epoch = len(self.rows) // self.world
+        epoch, i = divmod(self.cursor, per_epoch)
+        order = torch.randperm(len(self.rows), generator=torch.Generator().manual_seed(self.seed + epoch))
+        idx = int(order[i * self.world + self.rank])
+        self.cursor += 1
+        row = self.rows[idx]
+        return epoch * len(self.rows) + idx, row["prompt_ids"], row
+
+
+# ---------------------------------------------------------------------------------------------
+# Model: HF causal LM, FSDP2 per decoder layer + root, token-budget micro-batches
+# ---------------------------------------------------------------------------------------------
+
+
+def build_model(path: str, device, trainable: bool):
+    """AutoModelForCausalLM from a local folder, fully_shard on every decoder layer and the root.
+    fp32 parameters; on CUDA the forward runs in bf16 (MixedPrecisionPolicy), grads reduce in fp32."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from transformers import AutoModelForCausalLM
+    import importlib.util
+    attn = "flash_attention_2" if device.type == "cuda" and importlib.util.find_spec("flash_attn") else "sdpa"
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attn).to(device)
+    if trainable:
+        model.gradient_checkpointing_enable() if device.type == "cuda" else None
+    else:
+        model.requires_grad_(False)
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if device.type == "cuda" \
+        else MixedPrecisionPolicy()
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    return model
+
+
+def full_named_tensors(model, dtype=None):
+    """(name, full tensor) per parameter, gathering FSDP2 shards (a collective: all ranks iterate)."""
+    for name, p in model.named_parameters():
+        t = p.full_tensor() if hasattr(p, "full_tensor") else p
+        yield name, (t.detach() if dtype is None else t.detach().to(dtype))
+
+
+@dataclass
+class Row:
+    """One training sequence: prompt + response, with what the loss needs per response token."""
+    prompt_ids: list[int]
+    response: list[int]
+    old_logp: list[float] | None = None  # (T_i,) old log-probs (RL)
+    adv: float = 0.0  # sequence advantage (RL)
+
+    def __len__(self):
+        return len(self.prompt_ids) + len(self.response)
+
+
+def token_budget_batches(rows: list[Row], budget: int, device) -> list[list[int]]:
+    """Row indices grouped so rows x padded length <= budget (longest first, so padding stays small).
+    Every rank gets the same number of micro-batches (FSDP needs matching collectives): a rank with
+    fewer gets empty ones, which run a dummy forward with zero loss."""
+    order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))
+    batches, cur, cur_max = [], [], 0
+    for i in order:
+        m = max(cur_max, len(rows[i]))
+        if cur and m * (len(cur) + 1) > budget:
+            batches.append(cur)
+            cur, m = [], len(rows[i])
+        cur.append(i)
+        cur_max = m
+    if cur:
+        batches.append(cur)
+    return batches + [[] for _ in range(all_max(len(batches), device) - len(batches))]
+
+
+def response_logprobs(model, rows: list[Row], device, temperature: float, with_entropy: bool = False):
+    """Left-padded forward over prompt+response; the last K+1 logits give the log-probs of each row's
+    response, right-aligned in a (b, K) window (K = longest response).
+    -> logp (b, K), entropy (b, K) or None, mask (b, K)."""
+    from kernels import token_logprobs
+    if not rows:  # dummy micro-batch of a rank with fewer: keeps FSDP's collectives in step
+        out = model(input_ids=torch.zeros(1, 2, dtype=torch.long, device=device), logits_to_keep=1)
+        z = out.logits.sum() * 0.0
+        return z.view(1, 1), None, torch.zeros(1, 1, device=device)
+    L = max(len(r) for r in rows)
+    K = max(1, max(len(r.response) for r in rows))
+    ids = torch.zeros(len(rows), L, dtype=torch.long)
+    attn = torch.zeros(len(rows), L, dtype=torch.long)
+    mask = torch.zeros(len(rows), K)
+    for i, r in enumerate(rows):
+        seq = r.prompt_ids + r.response
+        ids[i, L - len(seq):] = torch.tensor(seq)
+        attn[i, L - len(seq):] = 1
+        mask[i, K - len(r.response):] = 1
+    ids, attn, mask = ids.to(device), attn.to(device), mask.to(device)
+    pos = (attn.cumsum(1) - 1).clamp(min=0)  # (b, L) positions restart at each row's first real token
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=K + 1).logits
+    targets = ids[:, L - K:]  # (b, K)
+    logp, ent = token_logprobs(logits[:, :K], targets, temperature=temperature, with_entropy=with_entropy)
+    return logp.view(len(rows), K), (ent.view(len(rows), K) if ent is not None else None), mask
+
+
+def right_aligned(values: list[list[float]], K: int, device) -> torch.Tensor:
+    """Per-row lists -> (b, K) tensor, each row right-aligned (matches response_logprobs)."""
+    out = torch.zeros(len(values), K)
+    for i, v in enumerate(values):
+        if v:
+            out[i, K - len(v):] = torch.tensor(v)
+    return out.to(device)
+
+
+# ---------------------------------------------------------------------------------------------
+# Run state
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    cfg: Config
+    rank: int
+    world: int
+    device: torch.device
+    tok: typing.Any
+    policy: typing.Any
+    optim: torch.optim.Optimizer
+    sched: typing.Any
+    run_dir: Path
+    ref: typing.Any = None
+    engine: typing.Any = None
+    scheduler: typing.Any = None  # CoprisScheduler
+    prompts: PromptSource | None = None
+    pool: typing.Any = None  # RewardPool
+    eval_rows: list = field(default_factory=list)
+    policy_version: int = 0  # optimizer steps taken
+    engine_version: int = 0  # policy version the engine's weights hold
+    counters: dict = field(default_factory=dict)  # run totals (reward timeouts, skipped updates...)
+
+
+def make_optimizer(cfg: Config, model, total_steps: int):
+    optim = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
+                              weight_decay=cfg.weight_decay, betas=(0.9, 0.999))
+    cosine = cfg.mode == "sft"
+
+    def lr_at(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        if not cosine:
+            return 1.0
+        frac = (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
+    return optim, torch.optim.lr_scheduler.LambdaLR(optim, lr_at)
+
+
+def optimizer_step(run: Run) -> tuple[float, bool]:
+    """Clip, check finite, step. -> (grad norm, applied). A non-finite grad skips the update."""
+    norm = torch.nn.utils.clip_grad_norm_(run.policy.parameters(), run.cfg.grad_clip)
+    norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    applied = math.isfinite(norm)
+    if applied:
+        run.optim.step()
+        run.policy_version += 1
+    else:
+        run.counters["skipped_updates"] = run.counters.get("skipped_updates", 0) + 1
+    run.optim.zero_grad(set_to_none=True)
+    run.sched.step()
+    return norm, applied
+
+
+class Timer:
+    """with t("phase"): ... accumulates seconds per phase into t.s."""
+
+    def __init__(self):
+        self.s: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        t0 = time.perf_counter()
+        yield
+        self.s[name] = self.s.get(name, 0.0) + time.perf_counter() - t0
+
+
+# ---------------------------------------------------------------------------------------------
+# RL step, top to bottom
+# ---------------------------------------------------------------------------------------------
+
+
+def push_weights_if_stale(run: Run) -> None:
+    """Wake the engine and load the policy's current weights into it (all ranks, in lockstep)."""
+    if run.engine_version != run.policy_version:
+        dtype = torch.bfloat16 if run.device.type == "cuda" else None
+        run.engine.push_weights(full_named_tensors(run.policy, dtype))
+        run.engine_version = run.policy_version
+    run.engine.wake()
+
+
+def score_groups(run: Run, groups) -> tuple[torch.Tensor, dict]:
+    """Decode and score every sample; -> rewards (B,) in group order, reason counts."""
+    jobs = [(g.row, run.tok.decode(t.tokens, skip_special_tokens=True)) for g in groups for t in g.samples]
+    results = run.pool.score(jobs)
+    reasons: dict[str, int] = {}
+    for _, info in results:
+        reasons[info.get("reason", "?")] = reasons.get(info.get("reason", "?"), 0) + 1
+    return torch.tensor([s for s, _ in results], dtype=torch.float32), reasons
+
+
+@torch.no_grad()
+def fill_old_logprobs(run: Run, trajectories) -> None:
+    """Cross-stage old log-probs: for each trajectory, append values for the tokens sampled since
+    its last fill, computed by the policy that sampled them (the current one, before the update),
+    or taken from the engine (copris.old_logprob_source: rollout). Earlier stages keep theirs."""
+    if run.cfg.copris.old_logprob_source == "rollout":
+        for t in trajectories:
+            t.old_logprobs = list(t.logprobs)
+        return
+    need = [t for t in trajectories if len(t.old_logprobs) < len(t.tokens)]
+    rows = [Row(t.prompt_ids, t.tokens) for t in need]
+    for mb in token_budget_batches(rows, run.cfg.token_budget, run.device):
+        logp, _, _ = response_logprobs(run.policy, [rows[i] for i in mb], run.device, run.cfg.temperature)
+        for j, i in enumerate(mb):
+            T = len(rows[i].response)
+            new = logp[j, logp.shape[1] - T:].tolist()
+            need[i].old_logprobs += new[len(need[i].old_logprobs):]
+
+
+def policy_update(run: Run, rows: list[Row]) -> dict:
+    """PPO-clip over `mini_batches` optimizer steps; each is a set of token-budget micro-batches
+    whose losses are scaled so the gradient is that of the global (all-rank) aggregate."""
+    from kernels import ppo_loss
+    cfg, stats = run.cfg, {"loss": 0.0, "clip_frac": 0.0, "approx_kl": 0.0, "ratio_max": 0.0, "entropy": 0.0,
+                           "grad_norm": 0.0, "micro_batches": 0}
+    per_mini = math.ceil(len(rows) / cfg.mini_batches)
+    for m in range(cfg.mini_batches):
+        mini = rows[m * per_mini:(m + 1) * per_mini]
+        tokens, seqs = all_sum([sum(len(r.response) for r in mini), len(mini)], run.device)
+        denom = tokens if cfg.loss_agg == "token-mean" else seqs
+        for mb in token_budget_batches(mini, cfg.token_budget, run.device):
+            batch = [mini[i] for i in mb]
+            logp, ent, mask = response_logprobs(run.policy, batch, run.device, cfg.temperature, with_entropy=True)
+            if not batch:
+                logp.sum().backward()
+                continue
+            K = logp.shape[1]
+            old = right_aligned([r.old_logp for r in batch], K, run.device)  # (b, K)
+            adv = torch.tensor([r.adv for r in batch], device=run.device)  # (b,)
+            loss, s = ppo_loss(logp, old, adv, mask, cfg.clip_low, cfg.clip_high, cfg.dual_clip,
+                               agg=cfg.loss_agg)
+            n_local = mask.sum().item() if cfg.loss_agg == "token-mean" else len(batch)
+            (loss * n_local * run.world / denom).backward()  # FSDP averages grads over ranks
+            stats["loss"] += loss.item() * n_local / denom * run.world
+            stats["clip_frac"] += s["clip_frac"] * mask.sum().item() / tokens * run.world
+            stats["approx_kl"] += s["approx_kl"] * mask.sum().item() / tokens * run.world
+            stats["ratio_max"] = max(stats["ratio_max"], s["ratio_max"])
+            stats["entropy"] += float((ent.detach() * mask).sum()) / tokens * run.world
+            stats["micro_batches"] += 1
+        norm, _ = optimizer_step(run)
+        stats["grad_norm"] += norm / cfg.mini_batches
+    return stats
+
+
+def rl_step(run: Run, step: int, advantage_fn) -> dict:
+    cfg, t = run.cfg, Timer()
+    # 1. weights: the engine samples with the current policy
+    with t("weight_push"):
+        push_weights_if_stale(run)
+    # 2. rollout: until B/world groups are complete on this rank; the rest waits in the buffer
+    version = run.policy_version
+    with t("rollout"):
+        groups, rstats = run.scheduler.collect(run.engine, run.prompts.draw, version=version)
+    # 3. the engine gives the accelerator back to training
+    run.engine.sleep()
+    # 4. rewards, one per sample (B,) in group order
+    with t("reward"):
+        rewards, reasons = score_groups(run, groups)
+    # 5. old log-probs for the finished samples and the buffered partial ones (cross-stage)
+    trajs = [tr for g in groups for tr in g.samples]
+    with t("old_logprobs"):
+        fill_old_logprobs(run, trajs + [tr for g in run.scheduler.buffer for tr in g.samples])
+    # 6. advantages: one per sample, broadcast over its tokens
+    adv = advantage_fn(rewards, cfg.n_samples)  # (B,)
+    rows = [Row(tr.prompt_ids, tr.tokens, tr.old_logprobs[:len(tr.tokens)], float(a)) for tr, a in zip(trajs, adv)]
+    # 7. policy update
+    with t("update"):
+        ustats = policy_update(run, rows)
+    # 8. metrics (all ranks)
+    lengths = [len(tr.tokens) for tr in trajs]
+    off_policy = sum(v != version for tr in trajs for v in tr.versions)
+    sums = all_sum([float(rewards.sum()), len(rewards), sum(lengths),
+                    sum(tr.finish_reason == "length" for tr in trajs), rstats.new_tokens, off_policy,
+                    reasons.get("timeout", 0), reasons.get("crash", 0) + reasons.get("error", 0),
+                    sum(len(tr.tokens) for g in run.scheduler.buffer for tr in g.samples)], run.device)
+    n = sums[1]
+    return {"step": step, "reward": sums[0] / n, "response_len": sums[2] / n,
+            "response_len_max": all_max(max(lengths), run.device),
+            "truncated_frac": sums[3] / n, "rollout_tokens": sums[4], "off_policy_token_frac": sums[5] / max(1, sums[2]),
+            "reward_timeouts": sums[6], "reward_errors": sums[7], "buffer_tokens": sums[8],
+            "rollout_tok_per_s": sums[5] / max(1e-9, t.s["rollout"]), "max_in_flight": rstats.max_in_flight,
+            **ustats, **{f"time/{k}": v for k, v in t.s.items()}}
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation
+# ---------------------------------------------------------------------------------------------
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct: 1 - C(n-c, k) / C(n, k)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
+
+
+@torch.no_grad()
+def evaluate(run: Run) -> dict:
+    """Held-out accuracy: greedy, mean@k and pass@k (k = eval_samples, sampled at `temperature`)."""
+    cfg, k = run.cfg, run.cfg.eval_samples
+    push_weights_if_stale(run)
+    rows = run.eval_rows[run.rank::run.world]
+    eos = [run.tok.eos_token_id]
+    prompts, params = [], []
+    for i, row in enumerate(rows):
+        prompts.append(row["prompt_ids"])
+        params.append(run.engine.sampling(cfg.max_response_len, 0.0, 1.0, None, eos))
+        for j in range(k):
+            prompts.append(row["prompt_ids"])
+            params.append(run.engine.sampling(cfg.max_response_len, cfg.temperature, cfg.top_p,
+                                              cfg.seed * 7919 + i * 131 + j, eos))
+    outs = run.engine.generate(prompts, params)
+    scores = run.pool.score([(row, run.tok.decode(outs[i * (k + 1) + j][0], skip_special_tokens=True))
+                             for i, row in enumerate(rows) for j in range(k + 1)])
+    greedy = sum(scores[i * (k + 1)][0] for i in range(len(rows)))
+    sampled = [sum(scores[i * (k + 1) + 1 + j][0] for j in range(k)) for i in range(len(rows))]
+    tot = all_sum([greedy, sum(sampled), sum(pass_at_k(k, int(c), k) for c in sampled), len(rows)], run.device)
+    run.engine.sleep()
+    return {"eval/greedy_acc": tot[0] / tot[3], f"eval/mean@{k}": tot[1] / (tot[3] * k),
+            f"eval/pass@{k}": tot[2] / tot[3]}
+
+
+# ---------------------------------------------------------------------------------------------
+# Export, metrics, plots
+# ---------------------------------------------------------------------------------------------
+
+
+def export_hf(run: Run, out: Path) -> None:
+    """HF folder (config, model.safetensors, tokenizer) that transformers and vLLM load. All ranks call."""
+    from safetensors.torch import save_file
+    state = {n: t.cpu().contiguous() for n, t in full_named_tensors(run.policy)}
+    if run.rank == 0:
+        tmp = out.with_name(out.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        if getattr(run.policy.config, "tie_word_embeddings", False):
+            state.pop("lm_head.weight", None)
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        run.policy.config.save_pretrained(tmp)
+        run.tok.save_pretrained(tmp)
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+    dist.barrier()
+
+
+def log_metrics(run: Run, metrics: dict) -> None:
+    if run.rank == 0:
+        with open(run.run_dir / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(metrics) + "\n")
+
+
+def plot_run(run_dir: Path) -> Path:
+    """metrics.jsonl -> plot.png: training reward and held-out accuracy per step."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    train = [r for r in rows if "reward" in r]
+    evals = [r for r in rows if any(k.startswith("eval/") for k in r)]
+    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+    if train:
+        ax[0].plot([r["step"] for r in train], [r["reward"] for r in train], label="train reward (mean)")
+    ax[0].set_xlabel("step"), ax[0].set_title("training reward"), ax[0].legend()
+    for key in sorted({k for r in evals for k in r if k.startswith("eval/")}):
+        pts = [(r["step"], r[key]) for r in evals if key in r]
+        ax[1].plot(*zip(*pts), marker="o", label=key[5:])
+    ax[1].set_xlabel("step"), ax[1].set_title("held-out accuracy"), ax[1].legend()
+    fig.tight_layout()
+    out = run_dir / "plot.png"
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Modes
+# ---------------------------------------------------------------------------------------------
+
+
+def setup(cfg: Config) -> Run:
+    rank, world, device = init_distributed()
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed + rank)
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(cfg.model_path)
+    run_dir = Path(cfg.run_dir)
+    if rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    policy = build_model(cfg.model_path, device, trainable=True)
+    optim, sched = make_optimizer(cfg, policy, cfg.steps)
+    return Run(cfg, rank, world, device, tok, policy, optim, sched, run_dir)
+
+
+def progress(run: Run, total: int, desc: str):
+    from tqdm import tqdm
+    return tqdm(total=total, desc=desc, disable=run.rank != 0, dynamic_ncols=True, file=sys.stdout)
+
+
+def train_rl(cfg: Config) -> None:
+    from rewards.advantages import grpo_advantages, rloo_advantages
+    from rewards.pool import RewardPool
+    from rollout.copris import CoprisScheduler
+    from rollout.vllm_engine import EngineConfig as VllmConfig, RolloutEngine
+    rows = load_rows(cfg.train_data, "rl")
+    eval_rows = load_rows(cfg.eval_data, "rl") if cfg.eval_data else []
+    run = setup(cfg)
+    rows, skipped = tokenize_prompts(rows, run.tok, cfg.max_prompt_len)
+    run.eval_rows, _ = tokenize_prompts(eval_rows, run.tok, cfg.max_prompt_len)
+    if len(rows) < run.world:
+        raise ConfigError(f"{cfg.train_data}: {len(rows)} usable prompts ({skipped} over max_prompt_len) "
+                          f"for {run.world} ranks")
+    run.counters["prompts_skipped_too_long"] = skipped
+    run.prompts = PromptSource(rows, cfg.seed, run.rank, run.world)
+    run.pool = RewardPool(cfg.reward_workers, cfg.reward_timeout_s)
+    if cfg.kl_coef > 0:
+        run.ref = build_model(cfg.model_path, run.device, trainable=False)
+    run.engine = RolloutEngine(VllmConfig(cfg.model_path, cfg.max_prompt_len + cfg.max_response_len,
+                                          seed=cfg.seed, dtype="bfloat16" if run.device.type == "cuda" else "float32",
+                                          gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
+                                          max_num_seqs=cfg.engine.max_num_seqs,
+                                          enforce_eager=cfg.engine.enforce_eager), distributed=True)
+    run.scheduler = CoprisScheduler(
+        n=cfg.n_samples, groups=cfg.batch_groups // run.world, concurrency=cfg.copris.concurrency,
+        max_response_len=cfg.max_response_len, temperature=cfg.temperature, top_p=cfg.top_p,
+        stop_token_ids=[run.tok.eos_token_id], seed=cfg.seed, enabled=cfg.copris.enabled,
+        staleness_cap=cfg.copris.staleness_cap)
+    advantage_fn = (lambda r, k: grpo_advantages(r, k, cfg.scale_std)) if cfg.advantage == "grpo" else rloo_advantages
+    try:
+        t_start = time.time()
+        if run.eval_rows:
+            first = {"step": 0, **evaluate(run)}
+            log_metrics(run, first)
+        bar = progress(run, cfg.steps, "rl")
+        for step in range(1, cfg.steps + 1):
+            m = rl_step(run, step, advantage_fn)
+            m["elapsed_s"] = time.time() - t_start
+            if run.eval_rows and ((cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps):
+                m.update(evaluate(run))
+            log_metrics(run, m)
+            bar.set_postfix(reward=f"{m['reward']:.3f}", len=f"{m['response_len']:.0f}",
+                            **{k[5:]: f"{v:.3f}" for k, v in m.items() if k.startswith("eval/")})
+            bar.update()
+            if cfg.export_every and step % cfg.export_every == 0 and step != cfg.steps:
+                export_hf(run, run.run_dir / "export")
+        bar.close()
+        export_hf(run, run.run_dir / "export")
+        if run.rank == 0:
+            plot_run(run.run_dir)
+            if run.eval_rows:
+                last = json.loads((run.run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+                print(f"held-out accuracy: greedy {first['eval/greedy_acc']:.3f} -> {last['eval/greedy_acc']:.3f}, "
+                      f"mean@{cfg.eval_samples} {first[f'eval/mean@{cfg.eval_samples}']:.3f} -> "
+                      f"{last[f'eval/mean@{cfg.eval_samples}']:.3f}  ({cfg.steps} steps, "
+                      f"{time.time() - t_start:.0f} s, {cfg.steps / (time.time() - t_start):.3f} steps/s)")
+            print(f"metrics: {run.run_dir / 'metrics.jsonl'}  plot: {run.run_dir / 'plot.png'}  "
+                  f"export: {run.run_dir / 'export'}")
+    finally:
+        run.pool.close()
+        run.engine.shutdown()
+
+
+def train_sft(cfg: Config) -> None:
+    """Supervised fine-tuning on prompt/completion rows: loss on completion + eos tokens only."""
+    rows = load_rows(cfg.train_data, "sft")
+    run = setup(cfg)
+    eos = run.tok.eos_token_id
+    data = []
+    for r in rows:
+        p = run.tok(r["prompt"], add_special_tokens=False)["input_ids"]
+        c = run.tok(r["completion"], add_special_tokens=False)["input_ids"] + [eos]
+        if len(p) <= cfg.max_prompt_len and len(c) <= cfg.max_response_len:
+            data.append(Row(p, c))
+    per_step = cfg.sft_batch_rows // run.world
+    if per_step < 1 or len(data) < cfg.sft_batch_rows:
+        raise ConfigError(f"sft_batch_rows={cfg.sft_batch_rows} needs >= {run.world} and <= {len(data)} usable rows")
+    steps = cfg.sft_epochs * (len(data) // cfg.sft_batch_rows) if cfg.sft_epochs else cfg.steps
+    run.optim, run.sched = make_optimizer(cfg, run.policy, steps)
+    g = torch.Generator().manual_seed(cfg.seed)
+    order: list[int] = []
+    bar = progress(run, steps, "sft")
+    t0 = time.time()
+    for step in range(1, steps + 1):
+        if len(order) < cfg.sft_batch_rows:
+            order += torch.randperm(len(data), generator=g).tolist()
+        batch, order = order[:cfg.sft_batch_rows], order[cfg.sft_batch_rows:]
+        mine = [data[i] for i in batch[run.rank::run.world]]
+        tokens = all_sum([sum(len(r.response) for r in mine)], run.device)[0]
+        loss_sum = 0.0
+        for mb in token_budget_batches(mine, cfg.token_budget, run.device):
+            logp, _, mask = response_logprobs(run.policy, [mine[i] for i in mb], run.device, 1.0)
+            loss = -(logp * mask).sum() * run.world / tokens
+            loss.backward()
+            loss_sum += loss.item() / run.world
+        norm, _ = optimizer_step(run)
+        loss_sum = all_sum([loss_sum], run.device)[0]
+        log_metrics(run, {"step": step, "sft_loss": loss_sum, "grad_norm": norm, "lr": run.sched.get_last_lr()[0],
+                          "elapsed_s": time.time() - t0})
+        bar.set_postfix(loss=f"{loss_sum:.3f}")
+        bar.update()
+    bar.close()
+    export_hf(run, run.run_dir / "export")
+    if run.rank == 0:
+        print(f"sft: {steps} steps in {time.time() - t0:.0f} s, final loss {loss_sum:.3f}; export: {run.run_dir / 'export'}")
+
+
+def main(argv: list[str]) -> int:
+    try:
+        cfg = load_config(argv)
+        (train_sft if cfg.mode == "sft" else train_rl)(cfg)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
