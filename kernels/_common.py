@@ -1,10 +1,14 @@
-"""Shared by the kernel files: the impl switch and the Triton decorator.
+"""Shared by the kernel files: the impl switch, the Triton decorator and two row reductions.
 
-`jit` is `triton.jit` where CUDA exists; on a machine without it, Triton's interpreter (what
-TRITON_INTERPRET=1 selects), so impl="triton" runs on CPU tensors whatever the import order.
+`jit` is `triton.jit` where CUDA exists; on a machine without it, Triton's interpreter (what TRITON_INTERPRET=1
+selects), so impl="triton" runs on CPU tensors whatever the import order. Triton decorates its own library
+functions (tl.sum, tl.max) when it is first imported: if that happened without TRITON_INTERPRET=1 (vllm imports
+triton), they cannot run in the interpreter. row_sum / row_max call tl.reduce with the same combine functions,
+which the interpreter maps to numpy either way, and compile to the same code as tl.sum / tl.max.
 """
 import torch
 import triton
+import triton.language as tl
 
 IMPLS = ("auto", "triton", "torch")
 
@@ -23,3 +27,15 @@ def jit(fn):
     with triton.knobs.runtime.scope():
         triton.knobs.runtime.interpret = True
         return triton.jit(fn)
+
+
+@jit
+def row_sum(x):
+    """tl.sum(x, 0) for a 1-D block."""
+    return tl.reduce(x, 0, tl.standard._sum_combine)
+
+
+@jit
+def row_max(x):
+    """tl.max(x, 0) for a 1-D block."""
+    return tl.reduce(x, 0, tl.standard._elementwise_max)

@@ -12,10 +12,14 @@ loss = sum(w * l) with the aggregation weights w of agg_weights(); masked tokens
 Gradient w.r.t. logp only; old_logp, adv, ref_logp are constants.
 stats (python floats, over valid tokens): clip_frac (tokens whose gradient a clip cut: upper/lower/dual),
 approx_kl (mean of old - logp), ratio_mean, ratio_max.
+Triton path: one elementwise kernel writes the weighted per-token loss and d loss / d logp in the forward;
+backward scales the saved gradient. _ppo_token is shared with the fused logits -> loss kernel (fused_ppo.py).
 """
 import torch
+import triton
+import triton.language as tl
 
-from kernels._common import use_triton
+from kernels._common import jit, use_triton
 
 AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 STAT_KEYS = ("clip_frac", "approx_kl", "ratio_mean", "ratio_max")
@@ -71,6 +75,83 @@ def _token_loss_torch(logp, old, adv, ref, clip_low, clip_high, dual_clip, kl_co
     return loss, ratio, clipped
 
 
+@jit
+def _ppo_token(logp, old, adv, ref, clip_low, clip_high, dual_clip, kl_coef, HAS_DUAL: tl.constexpr,
+               HAS_KL: tl.constexpr):
+    """Per token (module docstring): loss l, dl / dlogp, ratio, clipped (a clip zeroed the policy gradient)."""
+    d = logp - old
+    ratio = tl.exp(tl.minimum(tl.maximum(d, -20.0), 20.0))
+    d_ratio = tl.where((d >= -20.0) & (d <= 20.0), ratio, 0.0)  # d ratio / d logp
+    pg1 = -adv * ratio
+    pg2 = -adv * tl.minimum(tl.maximum(ratio, 1.0 - clip_low), 1.0 + clip_high)
+    clipped = pg2 > pg1  # only when ratio is outside the clip range: pg2 is then flat
+    loss = tl.maximum(pg1, pg2)
+    if HAS_DUAL:
+        pg3 = -adv * dual_clip
+        dual = (adv < 0) & (pg3 < loss)
+        loss = tl.where(dual, pg3, loss)
+        clipped = clipped | dual
+    dloss = tl.where(clipped, 0.0, -adv * d_ratio)
+    if HAS_KL:
+        u = ref - logp
+        uc = tl.minimum(tl.maximum(u, -20.0), 20.0)
+        loss += kl_coef * (tl.exp(uc) - uc - 1.0)
+        dloss += tl.where((u >= -20.0) & (u <= 20.0), kl_coef * (1.0 - tl.exp(uc)), 0.0)
+    return loss, dloss, ratio, clipped
+
+
+def ppo_launch_args(old, adv, ref, clip_low, clip_high, dual_clip, kl_coef) -> tuple:
+    """Pointer and scalar arguments of _ppo_token shared by the two kernels that call it (ref None -> old)."""
+    has_kl = ref is not None and kl_coef != 0.0
+    return ((old, adv, ref if has_kl else old),
+            dict(clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip or 0.0, kl_coef=kl_coef,
+                 HAS_DUAL=dual_clip is not None, HAS_KL=has_kl))
+
+
+@jit
+def _ppo_loss_kernel(logp_ptr, old_ptr, adv_ptr, ref_ptr, w_ptr, loss_ptr, dlogp_ptr, ratio_ptr, clipped_ptr, n,
+                     clip_low, clip_high, dual_clip, kl_coef, BLOCK: tl.constexpr, HAS_DUAL: tl.constexpr,
+                     HAS_KL: tl.constexpr):
+    """BLOCK tokens: loss_ptr = w * l, dlogp_ptr = w * dl / dlogp (0 where w == 0), ratio, clipped."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    inb = offs < n
+    logp = tl.load(logp_ptr + offs, mask=inb, other=0.0).to(tl.float32)
+    old = tl.load(old_ptr + offs, mask=inb, other=0.0).to(tl.float32)
+    adv = tl.load(adv_ptr + offs, mask=inb, other=0.0).to(tl.float32)
+    ref = tl.load(ref_ptr + offs, mask=inb, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + offs, mask=inb, other=0.0)
+    loss, dloss, ratio, clipped = _ppo_token(logp, old, adv, ref, clip_low, clip_high, dual_clip, kl_coef,
+                                             HAS_DUAL, HAS_KL)
+    tl.store(loss_ptr + offs, tl.where(w != 0, w * loss, 0.0), mask=inb)
+    tl.store(dlogp_ptr + offs, tl.where(w != 0, w * dloss, 0.0), mask=inb)
+    tl.store(ratio_ptr + offs, ratio, mask=inb)
+    tl.store(clipped_ptr + offs, clipped.to(tl.int8), mask=inb)
+
+
+class _TritonPPOLoss(torch.autograd.Function):
+    """Forward writes d loss / d logp; backward multiplies it by the upstream gradient."""
+
+    @staticmethod
+    def forward(ctx, logp, old, adv, ref, w, clip_low, clip_high, dual_clip, kl_coef):
+        lp = logp.float().contiguous()  # (B, T)
+        ptrs, scalars = ppo_launch_args(old.float().contiguous(), adv.contiguous(),
+                                        None if ref is None else ref.float().contiguous(),
+                                        clip_low, clip_high, dual_clip, kl_coef)
+        tok, dlogp, ratio = torch.empty_like(lp), torch.empty_like(lp), torch.empty_like(lp)  # (B, T)
+        clipped = torch.empty(lp.shape, device=lp.device, dtype=torch.int8)  # (B, T)
+        BLOCK = 1024
+        _ppo_loss_kernel[(triton.cdiv(lp.numel(), BLOCK),)](lp, *ptrs, w, tok, dlogp, ratio, clipped, lp.numel(),
+                                                            BLOCK=BLOCK, **scalars)
+        ctx.save_for_backward(dlogp)
+        ctx.mark_non_differentiable(ratio, clipped)
+        return tok.sum(), ratio, clipped
+
+    @staticmethod
+    def backward(ctx, g_loss, g_ratio, g_clipped):
+        (dlogp,) = ctx.saved_tensors
+        return dlogp * g_loss, None, None, None, None, None, None, None, None
+
+
 def _expand_adv(adv: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """(B,) or (B, T) -> (B, T) fp32."""
     return (adv[:, None] if adv.dim() == 1 else adv).float().expand_as(like)
@@ -80,11 +161,13 @@ def ppo_loss(logp, old_logp, adv, mask, clip_low=0.2, clip_high=0.28, dual_clip=
              kl_coef=0.0, agg="token-mean", impl="auto"):
     """(B, T) inputs -> (scalar loss, stats dict); see the module docstring."""
     w = agg_weights(mask, agg)  # (B, T)
-    if use_triton(impl, logp):
-        raise NotImplementedError("Triton path lands in the next commit")
     adv = _expand_adv(adv.detach(), logp)  # (B, T)
+    old = old_logp.detach()
     ref = None if ref_logp is None else ref_logp.detach()
-    tok, ratio, clipped = _token_loss_torch(logp.float(), old_logp.detach().float(), adv, ref, clip_low, clip_high,
-                                            dual_clip, kl_coef)
-    loss = torch.where(w > 0, w * tok, 0.0).sum()
-    return loss, ppo_stats(ratio, clipped, logp, old_logp, mask)
+    if use_triton(impl, logp):
+        loss, ratio, clipped = _TritonPPOLoss.apply(logp, old, adv, ref, w, clip_low, clip_high, dual_clip, kl_coef)
+    else:
+        tok, ratio, clipped = _token_loss_torch(logp.float(), old.float(), adv, ref, clip_low, clip_high, dual_clip,
+                                                kl_coef)
+        loss = torch.where(w > 0, w * tok, 0.0).sum()
+    return loss, ppo_stats(ratio, clipped, logp, old, mask)
