@@ -13,7 +13,7 @@ Gradient w.r.t. logp only; old_logp, adv, ref_logp are constants.
 stats (python floats, over valid tokens): clip_frac (tokens whose gradient a clip cut: upper/lower/dual),
 approx_kl (mean of old - logp), ratio_mean, ratio_max.
 Triton path: one elementwise kernel writes the weighted per-token loss and d loss / d logp in the forward;
-backward scales the saved gradient. _ppo_token is shared with the fused logits -> loss kernel (fused_ppo.py).
+backward scales the saved gradient. ppo_token is shared with the fused logits -> loss kernel (fused_ppo.py).
 """
 import torch
 import triton
@@ -43,18 +43,22 @@ def agg_weights(mask: torch.Tensor, agg: str) -> torch.Tensor:
     raise ValueError(f"agg must be one of {AGGS}, got {agg!r}")
 
 
-def ppo_stats(ratio, clipped, logp, old_logp, mask) -> dict:
-    """Python floats over valid tokens: clip_frac, approx_kl, ratio_mean, ratio_max (0 with no valid token)."""
+def ppo_stats(ratio, clipped, logp, old_logp, mask, ent=None) -> dict:
+    """Python floats over valid tokens: clip_frac, approx_kl, ratio_mean, ratio_max (+ entropy if ent is given);
+    0 where no token is valid. One device sync."""
     m = (mask > 0).float()  # (B, T)
     n = m.sum().clamp(min=1)
     ratio = ratio.detach()
-    vals = torch.stack([
+    vals = [
         (clipped.float() * m).sum() / n,
         ((old_logp - logp.detach()) * m).sum() / n,
         (ratio * m).sum() / n,
         torch.where(m > 0, ratio, 0.0).max(),
-    ])
-    return dict(zip(STAT_KEYS, vals.tolist()))
+    ]
+    keys = STAT_KEYS if ent is None else STAT_KEYS + ("entropy",)
+    if ent is not None:
+        vals.append((ent.detach() * m).sum() / n)
+    return dict(zip(keys, torch.stack(vals).tolist()))
 
 
 def _token_loss_torch(logp, old, adv, ref, clip_low, clip_high, dual_clip, kl_coef):
@@ -76,7 +80,7 @@ def _token_loss_torch(logp, old, adv, ref, clip_low, clip_high, dual_clip, kl_co
 
 
 @jit
-def _ppo_token(logp, old, adv, ref, clip_low, clip_high, dual_clip, kl_coef, HAS_DUAL: tl.constexpr,
+def ppo_token(logp, old, adv, ref, clip_low, clip_high, dual_clip, kl_coef, HAS_DUAL: tl.constexpr,
                HAS_KL: tl.constexpr):
     """Per token (module docstring): loss l, dl / dlogp, ratio, clipped (a clip zeroed the policy gradient)."""
     d = logp - old
@@ -101,7 +105,7 @@ def _ppo_token(logp, old, adv, ref, clip_low, clip_high, dual_clip, kl_coef, HAS
 
 
 def ppo_launch_args(old, adv, ref, clip_low, clip_high, dual_clip, kl_coef) -> tuple:
-    """Pointer and scalar arguments of _ppo_token shared by the two kernels that call it (ref None -> old)."""
+    """Pointer and scalar arguments of ppo_token shared by the two kernels that call it (ref None -> old)."""
     has_kl = ref is not None and kl_coef != 0.0
     return ((old, adv, ref if has_kl else old),
             dict(clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip or 0.0, kl_coef=kl_coef,
@@ -120,7 +124,7 @@ def _ppo_loss_kernel(logp_ptr, old_ptr, adv_ptr, ref_ptr, w_ptr, loss_ptr, dlogp
     adv = tl.load(adv_ptr + offs, mask=inb, other=0.0).to(tl.float32)
     ref = tl.load(ref_ptr + offs, mask=inb, other=0.0).to(tl.float32)
     w = tl.load(w_ptr + offs, mask=inb, other=0.0)
-    loss, dloss, ratio, clipped = _ppo_token(logp, old, adv, ref, clip_low, clip_high, dual_clip, kl_coef,
+    loss, dloss, ratio, clipped = ppo_token(logp, old, adv, ref, clip_low, clip_high, dual_clip, kl_coef,
                                              HAS_DUAL, HAS_KL)
     tl.store(loss_ptr + offs, tl.where(w != 0, w * loss, 0.0), mask=inb)
     tl.store(dlogp_ptr + offs, tl.where(w != 0, w * dloss, 0.0), mask=inb)
@@ -152,22 +156,28 @@ class _TritonPPOLoss(torch.autograd.Function):
         return dlogp * g_loss, None, None, None, None, None, None, None, None
 
 
-def _expand_adv(adv: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+def expand_adv(adv: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """(B,) or (B, T) -> (B, T) fp32."""
     return (adv[:, None] if adv.dim() == 1 else adv).float().expand_as(like)
+
+
+def ppo_loss_terms(logp, old_logp, adv, mask, clip_low=0.2, clip_high=0.28, dual_clip=None, ref_logp=None,
+                   kl_coef=0.0, agg="token-mean", impl="auto"):
+    """ppo_loss without the stats sync -> (loss, ratio (B, T), clipped (B, T))."""
+    w = agg_weights(mask, agg)  # (B, T)
+    adv = expand_adv(adv.detach(), logp)  # (B, T)
+    old = old_logp.detach()
+    ref = None if ref_logp is None else ref_logp.detach()
+    if use_triton(impl, logp):
+        return _TritonPPOLoss.apply(logp, old, adv, ref, w, clip_low, clip_high, dual_clip, kl_coef)
+    tok, ratio, clipped = _token_loss_torch(logp.float(), old.float(), adv, ref, clip_low, clip_high, dual_clip,
+                                            kl_coef)
+    return torch.where(w > 0, w * tok, 0.0).sum(), ratio, clipped
 
 
 def ppo_loss(logp, old_logp, adv, mask, clip_low=0.2, clip_high=0.28, dual_clip=None, ref_logp=None,
              kl_coef=0.0, agg="token-mean", impl="auto"):
     """(B, T) inputs -> (scalar loss, stats dict); see the module docstring."""
-    w = agg_weights(mask, agg)  # (B, T)
-    adv = _expand_adv(adv.detach(), logp)  # (B, T)
-    old = old_logp.detach()
-    ref = None if ref_logp is None else ref_logp.detach()
-    if use_triton(impl, logp):
-        loss, ratio, clipped = _TritonPPOLoss.apply(logp, old, adv, ref, w, clip_low, clip_high, dual_clip, kl_coef)
-    else:
-        tok, ratio, clipped = _token_loss_torch(logp.float(), old.float(), adv, ref, clip_low, clip_high, dual_clip,
-                                                kl_coef)
-        loss = torch.where(w > 0, w * tok, 0.0).sum()
-    return loss, ppo_stats(ratio, clipped, logp, old, mask)
+    loss, ratio, clipped = ppo_loss_terms(logp, old_logp, adv, mask, clip_low, clip_high, dual_clip, ref_logp,
+                                          kl_coef, agg, impl)
+    return loss, ppo_stats(ratio, clipped, logp, old_logp.detach(), mask)

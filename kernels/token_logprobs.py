@@ -28,7 +28,7 @@ LN2 = 0.6931471805599453
 _CHUNK_ELEMS = 1 << 20  # logits per chunk of the torch path (4 MiB of fp32 per temporary)
 
 
-def _as_btv(logits: torch.Tensor) -> torch.Tensor:
+def as_btv(logits: torch.Tensor) -> torch.Tensor:
     """(N, V) -> (1, N, V) view; (B, T, V) unchanged."""
     if logits.dim() not in (2, 3) or logits.stride(-1) != 1:
         raise ValueError("logits must be (N, V) or (B, T, V) with a contiguous last dim")
@@ -64,7 +64,8 @@ class _TorchTokenLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, targets, temperature, with_entropy):
-        x = _as_btv(logits)  # (B, T, V)
+        ctx.set_materialize_grads(False)
+        x = as_btv(logits)  # (B, T, V)
         tgt = targets.reshape(x.shape[:2])  # (B, T)
         B, T, V = x.shape
         lse = torch.empty(B, T, device=x.device, dtype=_acc_dtype(x))
@@ -85,7 +86,7 @@ class _TorchTokenLogprobs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_logp, g_ent):
         logits, tgt, lse, ent = ctx.saved_tensors
-        x = _as_btv(logits)  # (B, T, V)
+        x = as_btv(logits)  # (B, T, V)
         dx = torch.empty(x.shape, device=x.device, dtype=x.dtype)  # (B, T, V)
         g_logp = torch.zeros_like(lse) if g_logp is None else g_logp.reshape(lse.shape)  # (B, T)
         with_entropy = g_ent is not None and ent.numel() > 0
@@ -102,7 +103,7 @@ class _TorchTokenLogprobs(torch.autograd.Function):
 
 
 @jit
-def _row_lse_ent(row_ptr, V, scale2, BLOCK_V: tl.constexpr, WITH_ENT: tl.constexpr):
+def row_lse_ent(row_ptr, V, scale2, BLOCK_V: tl.constexpr, WITH_ENT: tl.constexpr):
     """One read of a logits row as a = x * scale2 -> (lse2 = log2 sum 2^a, ent in nats; 0 unless WITH_ENT)."""
     m = -1e30  # running max (finite, so an all -inf block gives 2^(-inf) = 0, not nan)
     s = 0.0  # sum 2^(a - m)
@@ -122,7 +123,7 @@ def _row_lse_ent(row_ptr, V, scale2, BLOCK_V: tl.constexpr, WITH_ENT: tl.constex
 
 
 @jit
-def _row_grad(row_ptr, drow_ptr, V, tgt, scale2, lse2, ent, g_logp, g_ent, BLOCK_V: tl.constexpr,
+def row_grad(row_ptr, drow_ptr, V, tgt, scale2, lse2, ent, g_logp, g_ent, BLOCK_V: tl.constexpr,
               WITH_ENT: tl.constexpr):
     """One read, one write: drow_j = (g_logp (1[j = tgt] - p_j) - g_ent p_j (log p_j + ent)) / temperature."""
     inv_temp = scale2 * LN2
@@ -138,7 +139,7 @@ def _row_grad(row_ptr, drow_ptr, V, tgt, scale2, lse2, ent, g_logp, g_ent, BLOCK
 
 
 @jit
-def _row_ptr(x_ptr, T, stride_b, stride_t):
+def row_ptr(x_ptr, T, stride_b, stride_t):
     """Start of logits row program_id(0) of a (B, T, V) tensor with any row strides (int64 offsets)."""
     row = tl.program_id(0).to(tl.int64)
     return x_ptr + (row // T) * stride_b + (row % T) * stride_t
@@ -149,8 +150,8 @@ def _token_logprobs_fwd(x_ptr, tgt_ptr, logp_ptr, lse2_ptr, ent_ptr, T, V, strid
                         BLOCK_V: tl.constexpr, WITH_ENT: tl.constexpr):
     """Row program: logp = ln2 (a_tgt - lse2); saves lse2 (and ent)."""
     row = tl.program_id(0).to(tl.int64)
-    x_row = _row_ptr(x_ptr, T, stride_b, stride_t)
-    lse2, ent = _row_lse_ent(x_row, V, scale2, BLOCK_V, WITH_ENT)
+    x_row = row_ptr(x_ptr, T, stride_b, stride_t)
+    lse2, ent = row_lse_ent(x_row, V, scale2, BLOCK_V, WITH_ENT)
     a_tgt = tl.load(x_row + tl.load(tgt_ptr + row)).to(tl.float32) * scale2
     tl.store(logp_ptr + row, (a_tgt - lse2) * LN2)
     tl.store(lse2_ptr + row, lse2)
@@ -167,7 +168,7 @@ def _token_logprobs_bwd(x_ptr, dx_ptr, tgt_ptr, lse2_ptr, ent_ptr, g_logp_ptr, g
     if WITH_ENT:
         ent = tl.load(ent_ptr + row)
         g_ent = tl.load(g_ent_ptr + row)
-    _row_grad(_row_ptr(x_ptr, T, stride_b, stride_t), dx_ptr + row * V, V, tl.load(tgt_ptr + row), scale2,
+    row_grad(row_ptr(x_ptr, T, stride_b, stride_t), dx_ptr + row * V, V, tl.load(tgt_ptr + row), scale2,
               tl.load(lse2_ptr + row), ent, tl.load(g_logp_ptr + row), g_ent, BLOCK_V, WITH_ENT)
 
 
@@ -186,7 +187,8 @@ class _TritonTokenLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, targets, temperature, with_entropy):
-        x = _as_btv(logits)  # (B, T, V)
+        ctx.set_materialize_grads(False)
+        x = as_btv(logits)  # (B, T, V)
         tgt = targets.reshape(x.shape[:2]).contiguous()  # (B, T)
         lse2 = torch.empty(x.shape[:2], device=x.device, dtype=torch.float32)  # (B, T)
         logp = torch.empty_like(lse2)
@@ -201,7 +203,7 @@ class _TritonTokenLogprobs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_logp, g_ent):
         logits, tgt, lse2, ent = ctx.saved_tensors
-        x = _as_btv(logits)  # (B, T, V)
+        x = as_btv(logits)  # (B, T, V)
         dx = torch.empty(x.shape, device=x.device, dtype=x.dtype)  # (B, T, V)
         g_logp = torch.zeros_like(lse2) if g_logp is None else g_logp.float().contiguous()
         with_entropy = g_ent is not None and ent.numel() > 0

@@ -1,0 +1,116 @@
+"""Logits -> PPO loss in one kernel: log-prob, entropy, clipped loss and dlogits of each token in the same program.
+
+    loss, stats = fused_logits_ppo_loss(logits, targets, old_logp, adv, mask, clip_low=0.2, clip_high=0.28,
+                                        dual_clip=None, ref_logp=None, kl_coef=0.0, agg="token-mean",
+                                        temperature=1.0, entropy_coef=0.0, impl="auto")
+
+logits (B, T, V) fp32 / bf16 / fp16, last dim contiguous, any row strides (logits[:, :-1] is read in place);
+targets (B, T) int64; old_logp, mask, ref_logp (B, T); adv (B,) or (B, T).
+loss = ppo_loss(logp, ...) - entropy_coef * sum(w * ent), with logp, ent = token_logprobs(logits, targets,
+temperature, with_entropy=True) and w the aggregation weights (kernels.ppo_loss); differentiable w.r.t. logits.
+stats: python floats clip_frac, approx_kl, ratio_mean, ratio_max, entropy (means over valid tokens).
+
+Triton path (impl="triton", or "auto" on CUDA): the loss is linear in the per-token terms and w is known before
+the kernel runs, so each row program reads its logits once for lse / ent, evaluates the PPO token loss and its
+derivative, then reads the row again and writes dlogits for upstream gradient 1: two reads and one write of the
+logits, like the two-kernel path's forward + backward, in one launch and with no per-token tensors between them.
+Masked tokens (w == 0) skip both reads and write zero dlogits. dlogits (logits' dtype, B*T*V) is held from
+forward to backward; backward hands it over, scaled in place (one more pass) only if the upstream gradient is
+not exactly 1, so call backward on this loss (or a sum that adds it with weight 1) once.
+Torch path (the fallback): token_logprobs + ppo_loss, two autograd ops.
+"""
+import torch
+import triton.language as tl
+
+from kernels._common import jit, use_triton
+from kernels.ppo_loss import agg_weights, expand_adv, ppo_launch_args, ppo_loss_terms, ppo_stats, ppo_token
+from kernels.token_logprobs import LN2, as_btv, row_grad, row_launch_args, row_lse_ent, row_ptr, token_logprobs
+
+
+@jit
+def _fused_logits_ppo_kernel(x_ptr, dx_ptr, tgt_ptr, old_ptr, adv_ptr, ref_ptr, w_ptr, logp_ptr, ent_ptr, loss_ptr,
+                             ratio_ptr, clipped_ptr, T, V, stride_b, stride_t, scale2, clip_low, clip_high, dual_clip,
+                             kl_coef, entropy_coef, BLOCK_V: tl.constexpr, HAS_DUAL: tl.constexpr,
+                             HAS_KL: tl.constexpr, HAS_ENT_COEF: tl.constexpr, WRITE_GRAD: tl.constexpr):
+    """Row program: logp, ent, w * (l - entropy_coef * ent), ratio, clipped; dlogits row if WRITE_GRAD."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = row_ptr(x_ptr, T, stride_b, stride_t)
+    w = tl.load(w_ptr + row)
+    if w != 0:
+        lse2, ent = row_lse_ent(x_row, V, scale2, BLOCK_V, True)
+        tgt = tl.load(tgt_ptr + row)
+        logp = (tl.load(x_row + tgt).to(tl.float32) * scale2 - lse2) * LN2
+        loss, dloss, ratio, clipped = ppo_token(logp, tl.load(old_ptr + row), tl.load(adv_ptr + row),
+                                                tl.load(ref_ptr + row), clip_low, clip_high, dual_clip, kl_coef,
+                                                HAS_DUAL, HAS_KL)
+        if WRITE_GRAD:
+            row_grad(x_row, dx_ptr + row * V, V, tgt, scale2, lse2, ent, w * dloss, -w * entropy_coef, BLOCK_V,
+                     HAS_ENT_COEF)
+        tl.store(logp_ptr + row, logp)
+        tl.store(ent_ptr + row, ent)
+        tl.store(loss_ptr + row, w * (loss - entropy_coef * ent))
+        tl.store(ratio_ptr + row, ratio)
+        tl.store(clipped_ptr + row, clipped.to(tl.int8))
+    else:
+        if WRITE_GRAD:
+            for start in range(0, V, BLOCK_V):
+                cols = start + tl.arange(0, BLOCK_V)
+                tl.store(dx_ptr + row * V + cols, tl.full([BLOCK_V], 0, dx_ptr.dtype.element_ty), mask=cols < V)
+        tl.store(logp_ptr + row, 0.0)
+        tl.store(ent_ptr + row, 0.0)
+        tl.store(loss_ptr + row, 0.0)
+        tl.store(ratio_ptr + row, 1.0)
+        tl.store(clipped_ptr + row, tl.full([], 0, tl.int8))
+
+
+class _FusedLogitsPPOLoss(torch.autograd.Function):
+    """Forward computes the loss and dlogits together; backward returns dlogits (times the upstream gradient)."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, old, adv, ref, w, clip_low, clip_high, dual_clip, kl_coef, temperature,
+                entropy_coef):
+        x = as_btv(logits)  # (B, T, V)
+        tgt = targets.reshape(x.shape[:2]).contiguous()  # (B, T)
+        write_grad = ctx.needs_input_grad[0]
+        dx = torch.empty(x.shape if write_grad else 0, device=x.device, dtype=x.dtype)  # (B, T, V)
+        ptrs, scalars = ppo_launch_args(old.float().contiguous(), adv.contiguous(),
+                                        None if ref is None else ref.float().contiguous(),
+                                        clip_low, clip_high, dual_clip, kl_coef)
+        logp, ent, tok, ratio = (torch.empty(tgt.shape, device=x.device, dtype=torch.float32) for _ in range(4))
+        clipped = torch.empty(tgt.shape, device=x.device, dtype=torch.int8)  # (B, T)
+        _fused_logits_ppo_kernel[(tgt.numel(),)](x, dx, tgt, *ptrs, w.contiguous(), logp, ent, tok, ratio, clipped,
+                                                 entropy_coef=entropy_coef, HAS_ENT_COEF=entropy_coef != 0.0,
+                                                 WRITE_GRAD=write_grad, **scalars,
+                                                 **row_launch_args(x, temperature))
+        ctx.dx = dx.view(logits.shape) if write_grad else None
+        ctx.mark_non_differentiable(logp, ent, ratio, clipped)
+        return tok.sum(), logp, ent, ratio, clipped
+
+    @staticmethod
+    def backward(ctx, g_loss, *_):
+        dx, ctx.dx = ctx.dx, None  # handed over once: a second backward raises below
+        if dx is None:
+            raise RuntimeError("fused_logits_ppo_loss: backward can run once per forward")
+        if g_loss.ne(1).item():
+            dx.mul_(g_loss.to(dx.dtype))
+        return (dx,) + (None,) * 11
+
+
+def fused_logits_ppo_loss(logits, targets, old_logp, adv, mask, clip_low=0.2, clip_high=0.28, dual_clip=None,
+                          ref_logp=None, kl_coef=0.0, agg="token-mean", temperature=1.0, entropy_coef=0.0,
+                          impl="auto"):
+    """(B, T, V) logits -> (scalar loss, stats); see the module docstring."""
+    w = agg_weights(mask, agg)  # (B, T)
+    old = old_logp.detach()
+    if not use_triton(impl, logits):
+        logp, ent = token_logprobs(logits, targets, temperature, with_entropy=True, impl="torch")  # (B, T) x2
+        loss, ratio, clipped = ppo_loss_terms(logp, old, adv, mask, clip_low, clip_high, dual_clip, ref_logp,
+                                              kl_coef, agg, "torch")
+        if entropy_coef != 0.0:
+            loss = loss - entropy_coef * (w * ent).sum()
+        return loss, ppo_stats(ratio, clipped, logp, old, mask, ent)
+    ref = None if ref_logp is None else ref_logp.detach()
+    loss, logp, ent, ratio, clipped = _FusedLogitsPPOLoss.apply(
+        logits, targets, old, expand_adv(adv.detach(), old), ref, w, clip_low, clip_high, dual_clip, kl_coef,
+        float(temperature), float(entropy_coef))
+    return loss, ppo_stats(ratio, clipped, logp, old, mask, ent)
