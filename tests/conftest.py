@@ -1,0 +1,22 @@
+"""Shared fixtures: a tiny model folder and demo data, built once per test session (no hub)."""
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory) -> Path:
+    """A folder with data/{rl_train,sft,eval}.jsonl and model/ (BPE tokenizer + random Qwen2, head_dim 64)."""
+    from data.arithmetic import write_demo_data
+    from data.tiny_model import build_model_folder
+    import json
+    out = tmp_path_factory.mktemp("tiny")
+    write_demo_data(out / "data", n_train=400, n_sft=400, n_eval=16, seed=0)
+    rows = [json.loads(line) for line in open(out / "data" / "sft.jsonl")]
+    build_model_folder(out / "model", [r["prompt"] + r["completion"] for r in rows], vocab_size=400,
+                       hidden=128, layers=2, heads=2, max_len=512)
+    return out

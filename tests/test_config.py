@@ -1,0 +1,89 @@
+"""Config loading: yaml + overrides, type checks, unknown keys, impossible combinations."""
+import subprocess
+import sys
+
+import pytest
+
+from trainer import Config, ConfigError, load_config
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def base(tiny):
+    return [f"--model_path={tiny / 'model'}", f"--train_data={tiny / 'data' / 'rl_train.jsonl'}"]
+
+
+def test_defaults_and_overrides(base, tmp_path):
+    y = tmp_path / "c.yaml"
+    y.write_text("lr: 1\nn_samples: 4\ncopris:\n  concurrency: 8\n  enabled: true\n")
+    cfg = load_config(["--config", str(y), *base, "--copris.enabled=false", "--dual_clip=3", "--lr=2e-5"])
+    assert cfg.lr == 2e-5 and isinstance(cfg.lr, float)
+    assert cfg.n_samples == 4 and cfg.copris.concurrency == 8 and cfg.copris.enabled is False
+    assert cfg.dual_clip == 3.0
+    assert load_config([*base, "--dual_clip=null"]).dual_clip is None
+    assert Config().engine.max_num_seqs >= Config().copris.concurrency
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--learning_rate=1"], "unknown config key 'learning_rate'"),
+    (["--copris.concurency=3"], "unknown config key 'copris.concurency' (did you mean 'copris.concurrency'?)"),
+    (["--n_samples=four"], "n_samples: expected int, got 'four'"),
+    (["--copris.enabled=maybe"], "copris.enabled: expected true/false"),
+    (["--advantage=ppo"], "advantage: must be one of"),
+    (["--lr"], "bad argument '--lr'"),
+    (["--n_samples=0"], "n_samples must be >= 1"),
+    (["--copris.concurrency=512"], "exceeds engine.max_num_seqs"),
+    (["--token_budget=100"], "token_budget=100 is below one full row"),
+    (["--lr.x=1"], "lr has no sub-keys"),
+])
+def test_bad_overrides_name_the_problem(base, args, needle):
+    with pytest.raises(ConfigError) as e:
+        load_config([*base, *args])
+    assert needle in str(e.value)
+
+
+def test_yaml_type_errors_and_missing_paths(base, tmp_path, tiny):
+    y = tmp_path / "c.yaml"
+    y.write_text("n_samples: '8'\n")
+    with pytest.raises(ConfigError, match="n_samples: expected int, got str"):
+        load_config(["--config", str(y), *base])
+    y.write_text("copris: 3\n")
+    with pytest.raises(ConfigError, match="copris: expected a mapping"):
+        load_config(["--config", str(y), *base])
+    with pytest.raises(ConfigError, match="model_path 'nowhere': no config.json"):
+        load_config([*base, "--model_path=nowhere"])
+    with pytest.raises(ConfigError, match="train_data 'missing.jsonl': no such file"):
+        load_config([*base, "--train_data=missing.jsonl"])
+
+
+def test_batch_not_divisible_by_ranks(base, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match="batch_groups=5 is not divisible by the 2 ranks"):
+        load_config([*base, "--batch_groups=5"])
+
+
+def test_cli_exits_nonzero_without_traceback(base):
+    p = subprocess.run([sys.executable, "trainer.py", *base, "--clip_hgih=0.3"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    assert "unknown config key 'clip_hgih' (did you mean 'clip_high'?)" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_malformed_rows_name_file_and_line(tmp_path):
+    from trainer import load_rows
+    f = tmp_path / "d.jsonl"
+    f.write_text('{"prompt": "a", "answer": "1"}\n{"prompt": "b"}\n')
+    with pytest.raises(ConfigError, match=r"d.jsonl:2: missing key 'answer'"):
+        load_rows(str(f), "rl")
+    f.write_text('{"prompt": "a", "answer": "1"}\n\n{not json}\n')
+    with pytest.raises(ConfigError, match=r"d.jsonl:3: not valid JSON"):
+        load_rows(str(f), "rl")
+    f.write_text('{"prompt": "a", "task": "poetry"}\n')
+    with pytest.raises(ConfigError, match=r"d.jsonl:1: unknown task 'poetry'"):
+        load_rows(str(f), "rl")
+    f.write_text("")
+    with pytest.raises(ConfigError, match="no rows"):
+        load_rows(str(f), "rl")

