@@ -2,7 +2,7 @@
 
     loss, stats = fused_logits_ppo_loss(logits, targets, old_logp, adv, mask, clip_low=0.2, clip_high=0.28,
                                         dual_clip=None, ref_logp=None, kl_coef=0.0, agg="token-mean",
-                                        temperature=1.0, entropy_coef=0.0, impl="auto")
+                                        temperature=1.0, entropy_coef=0.0, grad_scale=1.0, impl="auto")
 
 logits (B, T, V) fp32 / bf16 / fp16, last dim contiguous, any row strides (logits[:, :-1] is read in place);
 targets (B, T) int64; old_logp, mask, ref_logp (B, T); adv (B,) or (B, T).
@@ -12,11 +12,13 @@ stats: python floats clip_frac, approx_kl, ratio_mean, ratio_max, entropy (means
 
 Triton path (impl="triton", or "auto" on CUDA): the loss is linear in the per-token terms and w is known before
 the kernel runs, so each row program reads its logits once for lse / ent, evaluates the PPO token loss and its
-derivative, then reads the row again and writes dlogits for upstream gradient 1: two reads and one write of the
-logits, like the two-kernel path's forward + backward, in one launch and with no per-token tensors between them.
-Masked tokens (w == 0) skip both reads and write zero dlogits. dlogits (logits' dtype, B*T*V) is held from
-forward to backward; backward hands it over, scaled in place (one more pass) only if the upstream gradient is
-not exactly 1, so call backward on this loss (or a sum that adds it with weight 1) once.
+derivative, then reads the row again and writes dlogits for upstream gradient grad_scale: two reads and one
+write of the logits, like the two-kernel path's forward + backward, in one launch with no per-token tensors
+between them. Masked tokens (w == 0) skip both reads and write zero dlogits. dlogits (logits' dtype, B*T*V) is
+held from forward to backward; backward hands it over, rescaled in place (one more pass) only if the upstream
+gradient differs from grad_scale. So pass as grad_scale the factor the caller multiplies the loss by before
+backward (e.g. the micro-batch's share of a global token mean); it changes speed, never results.
+Backward can run once per forward.
 Torch path (the fallback): token_logprobs + ppo_loss, two autograd ops.
 """
 import torch
@@ -30,9 +32,10 @@ from kernels.token_logprobs import LN2, as_btv, row_grad, row_launch_args, row_l
 @jit
 def _fused_logits_ppo_kernel(x_ptr, dx_ptr, tgt_ptr, old_ptr, adv_ptr, ref_ptr, w_ptr, logp_ptr, ent_ptr, loss_ptr,
                              ratio_ptr, clipped_ptr, T, V, stride_b, stride_t, scale2, clip_low, clip_high, dual_clip,
-                             kl_coef, entropy_coef, BLOCK_V: tl.constexpr, HAS_DUAL: tl.constexpr,
+                             kl_coef, entropy_coef, grad_scale, BLOCK_V: tl.constexpr, HAS_DUAL: tl.constexpr,
                              HAS_KL: tl.constexpr, HAS_ENT_COEF: tl.constexpr, WRITE_GRAD: tl.constexpr):
-    """Row program: logp, ent, w * (l - entropy_coef * ent), ratio, clipped; dlogits row if WRITE_GRAD."""
+    """Row program: logp, ent, w * (l - entropy_coef * ent), ratio, clipped; if WRITE_GRAD the dlogits row of
+    grad_scale * that loss."""
     row = tl.program_id(0).to(tl.int64)
     x_row = row_ptr(x_ptr, T, stride_b, stride_t)
     w = tl.load(w_ptr + row)
@@ -44,7 +47,8 @@ def _fused_logits_ppo_kernel(x_ptr, dx_ptr, tgt_ptr, old_ptr, adv_ptr, ref_ptr, 
                                                 tl.load(ref_ptr + row), clip_low, clip_high, dual_clip, kl_coef,
                                                 HAS_DUAL, HAS_KL)
         if WRITE_GRAD:
-            row_grad(x_row, dx_ptr + row * V, V, tgt, scale2, lse2, ent, w * dloss, -w * entropy_coef, BLOCK_V,
+            g = grad_scale * w
+            row_grad(x_row, dx_ptr + row * V, V, tgt, scale2, lse2, ent, g * dloss, -g * entropy_coef, BLOCK_V,
                      HAS_ENT_COEF)
         tl.store(logp_ptr + row, logp)
         tl.store(ent_ptr + row, ent)
@@ -68,7 +72,7 @@ class _FusedLogitsPPOLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, targets, old, adv, ref, w, clip_low, clip_high, dual_clip, kl_coef, temperature,
-                entropy_coef):
+                entropy_coef, grad_scale):
         x = as_btv(logits)  # (B, T, V)
         tgt = targets.reshape(x.shape[:2]).contiguous()  # (B, T)
         write_grad = ctx.needs_input_grad[0]
@@ -79,10 +83,12 @@ class _FusedLogitsPPOLoss(torch.autograd.Function):
         logp, ent, tok, ratio = (torch.empty(tgt.shape, device=x.device, dtype=torch.float32) for _ in range(4))
         clipped = torch.empty(tgt.shape, device=x.device, dtype=torch.int8)  # (B, T)
         _fused_logits_ppo_kernel[(tgt.numel(),)](x, dx, tgt, *ptrs, w.contiguous(), logp, ent, tok, ratio, clipped,
-                                                 entropy_coef=entropy_coef, HAS_ENT_COEF=entropy_coef != 0.0,
+                                                 grad_scale=grad_scale, entropy_coef=entropy_coef,
+                                                 HAS_ENT_COEF=entropy_coef != 0.0,
                                                  WRITE_GRAD=write_grad, **scalars,
                                                  **row_launch_args(x, temperature))
         ctx.dx = dx.view(logits.shape) if write_grad else None
+        ctx.grad_scale = grad_scale
         ctx.mark_non_differentiable(logp, ent, ratio, clipped)
         return tok.sum(), logp, ent, ratio, clipped
 
@@ -91,14 +97,14 @@ class _FusedLogitsPPOLoss(torch.autograd.Function):
         dx, ctx.dx = ctx.dx, None  # handed over once: a second backward raises below
         if dx is None:
             raise RuntimeError("fused_logits_ppo_loss: backward can run once per forward")
-        if g_loss.ne(1).item():
-            dx.mul_(g_loss.to(dx.dtype))
-        return (dx,) + (None,) * 11
+        if g_loss.ne(ctx.grad_scale).item():
+            dx.mul_((g_loss / ctx.grad_scale).to(dx.dtype))
+        return (dx,) + (None,) * 12
 
 
 def fused_logits_ppo_loss(logits, targets, old_logp, adv, mask, clip_low=0.2, clip_high=0.28, dual_clip=None,
                           ref_logp=None, kl_coef=0.0, agg="token-mean", temperature=1.0, entropy_coef=0.0,
-                          impl="auto"):
+                          grad_scale=1.0, impl="auto"):
     """(B, T, V) logits -> (scalar loss, stats); see the module docstring."""
     w = agg_weights(mask, agg)  # (B, T)
     old = old_logp.detach()
@@ -112,5 +118,5 @@ def fused_logits_ppo_loss(logits, targets, old_logp, adv, mask, clip_low=0.2, cl
     ref = None if ref_logp is None else ref_logp.detach()
     loss, logp, ent, ratio, clipped = _FusedLogitsPPOLoss.apply(
         logits, targets, old, expand_adv(adv.detach(), old), ref, w, clip_low, clip_high, dual_clip, kl_coef,
-        float(temperature), float(entropy_coef))
+        float(temperature), float(entropy_coef), float(grad_scale))
     return loss, ppo_stats(ratio, clipped, logp, old, mask, ent)
