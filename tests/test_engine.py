@@ -40,6 +40,22 @@ out["n_sampled"] = len(toks)
 # the same seed gives the same tokens whatever else runs in the batch
 again = engine.generate([prompt] * 3, [engine.sampling(24, 0.7, 1.0, s, [tok.eos_token_id]) for s in (7, 123, 9)])
 out["seed_batch_invariant"] = again[1][0] == toks
+# one PPO update with non-zero advantages changes the policy; the next push brings the engine along
+cfg = trainer.Config(model_path=model_dir, lr=1e-2, token_budget=512)
+optim, sched = trainer.make_optimizer(cfg, policy, 10)
+run = trainer.Run(cfg, rank, world, device, tok, policy, optim, sched, None, engine=engine)
+before = {n: t.clone() for n, t in trainer.full_named_tensors(policy)}
+rows = [trainer.Row(prompt, toks, lps, 1.0), trainer.Row(prompt, toks[:5], lps[:5], -1.0)]
+stats = trainer.policy_update(run, rows)
+after = dict(trainer.full_named_tensors(policy))
+out["update_changed_weights"] = any(not torch.equal(before[n], after[n]) for n in before)
+out["grad_norm"] = stats["grad_norm"]
+out["version"] = run.policy_version
+trainer.push_weights_if_stale(run)
+with torch.no_grad():
+    logp, _, _ = trainer.response_logprobs(policy, [row], device, temperature=1.0)
+v = torch.tensor(engine.prompt_logprobs(ids)[4:], dtype=torch.float64)
+out["after_update_max_diff"] = (logp[0].double() - v).abs().max().item()
 engine.shutdown()
 print("RESULT " + json.dumps(out))
 '''
@@ -59,3 +75,5 @@ def test_weight_push_parity_and_tokenizer(tiny, tmp_path):
     assert out["prompt_logprob_max_diff"] < TOL, out
     assert out["n_sampled"] > 0 and out["sampled_logprob_max_diff"] < TOL, out
     assert out["seed_batch_invariant"]
+    assert out["update_changed_weights"] and out["grad_norm"] > 0 and out["version"] == 1
+    assert out["after_update_max_diff"] < TOL, out
