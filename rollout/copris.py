@@ -76,22 +76,26 @@ class CoprisScheduler:
 
     def __init__(self, n: int, groups: int, concurrency: int, max_response_len: int, temperature: float,
                  top_p: float, stop_token_ids: list[int], seed: int, enabled: bool = True,
-                 staleness_cap: int | None = None, ignore_eos: bool = False):
+                 staleness_cap: int | None = None, forced_len=None):
         self.n, self.groups, self.enabled = n, groups, enabled
         self.P = concurrency if enabled else groups * n
         self.max_response_len, self.temperature, self.top_p = max_response_len, temperature, top_p
-        self.stop_token_ids, self.seed, self.ignore_eos = stop_token_ids, seed, ignore_eos
+        self.stop_token_ids, self.seed = stop_token_ids, seed
         self.staleness_cap = staleness_cap
+        self.forced_len = forced_len  # benchmarks/tests: (prompt_id, sample) -> response length, eos ignored
         self.buffer: list[Group] = []  # groups carried over: some samples finished, some partial
+
+    def _limit(self, t: Trajectory) -> int:
+        return self.max_response_len if self.forced_len is None else self.forced_len(t.prompt_id, t.sample)
 
     def _submit(self, engine, t: Trajectory, version: int) -> str:
         if self.staleness_cap is not None and t.versions and version - t.versions[0] > self.staleness_cap:
             t.tokens, t.logprobs, t.versions, t.old_logprobs = [], [], [], []
             self.stats.restarted_stale += 1
         req_id = f"p{t.prompt_id}-s{t.sample}-g{t.segments}"
-        params = engine.sampling(self.max_response_len - len(t.tokens), self.temperature, self.top_p,
+        params = engine.sampling(self._limit(t) - len(t.tokens), self.temperature, self.top_p,
                                  request_seed(self.seed, t.prompt_id, t.sample, t.segments),
-                                 self.stop_token_ids, self.ignore_eos)
+                                 self.stop_token_ids, ignore_eos=self.forced_len is not None)
         engine.add(req_id, t.prompt_ids + t.tokens, params)
         t.segments += 1
         return req_id
@@ -104,8 +108,8 @@ class CoprisScheduler:
         done = [g for g in open_groups if g.complete]
         open_groups = [g for g in open_groups if not g.complete]
         waiting = [t for g in open_groups for t in g.samples if not t.finished]  # resumed first
-        for t in waiting:  # a trajectory already at the length limit finishes as truncated
-            if len(t.tokens) >= self.max_response_len:
+        for t in waiting:  # a trajectory already at its length limit finishes as truncated
+            if len(t.tokens) >= self._limit(t):
                 t.finish_reason = "length"
         waiting = [t for t in waiting if not t.finished]
         done += [g for g in open_groups if g.complete]

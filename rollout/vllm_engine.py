@@ -54,7 +54,10 @@ class RolloutEngine:
         kwargs = dict(model=cfg.model_path, tokenizer=cfg.model_path, dtype=cfg.dtype, seed=cfg.seed,
                       max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs,
                       enforce_eager=cfg.enforce_eager, logprobs_mode="processed_logprobs",
-                      enable_prefix_caching=True, tensor_parallel_size=1, **cfg.extra)
+                      enable_prefix_caching=True, tensor_parallel_size=1,
+                      # a chunked prefill discards a sampled token and rewinds the request's seeded
+                      # generator, which the CPU generator can't do ("does not use offset")
+                      enable_chunked_prefill=False, **cfg.extra)
         if distributed:
             kwargs["distributed_executor_backend"] = "external_launcher"
         if self.on_cuda:
