@@ -1,0 +1,21 @@
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    """LayerNorm without weight and bias over the last dim of a 3-d tensor, eps 1e-5"""
+
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return F.layer_norm(x, (x.shape[-1],), eps=1e-5)
+
+
+def get_inputs():
+    return [torch.randn(2, 5, 64) * 3]
+
+
+def get_init_inputs():
+    return []

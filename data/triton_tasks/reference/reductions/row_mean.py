@@ -1,0 +1,20 @@
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """Mean over the last dim: (M, N) -> (M,)"""
+
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.mean(x, dim=1)
+
+
+def get_inputs():
+    return [torch.randn(5, 90)]
+
+
+def get_init_inputs():
+    return []

@@ -1,0 +1,26 @@
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def reverse_cumsum_kernel(x_ptr, out_ptr, N, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < N
+    rev = N - 1 - cols  # walk the row backwards so a prefix sum is a suffix sum
+    x = tl.load(x_ptr + row * N + rev, mask=mask, other=0.0)
+    tl.store(out_ptr + row * N + rev, tl.cumsum(x, axis=0), mask=mask)
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        x = x.contiguous()
+        M, N = x.shape
+        out = torch.empty_like(x)
+        reverse_cumsum_kernel[(M,)](x, out, N, BLOCK_N=triton.next_power_of_2(N))
+        return out
