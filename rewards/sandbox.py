@@ -1,7 +1,7 @@
 """Run untrusted Python in a throw-away sandbox and report what happened; never raises on hostile code.
 
     res = run_python(script, files={"candidate.py": code}, timeout_s=60, read_back=("result.pt",))
-    res.status    # ok | exit_nonzero | timeout | signal | output_too_large | file_too_large | sandbox_error
+    res.status    # ok | exit_nonzero | timeout | signal | output_too_large | sandbox_error
     res.files     # {"result.pt": b"..."} for the read_back names the script wrote (absent if not written)
 
 Layers, outermost first (rewards/README.md has the full table of what is and is not enforced):
@@ -40,6 +40,7 @@ _GPU_PATHS = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/de
 _NAMESPACES = ("--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try")
 _UID_BASE = 1_000_000      # sandbox uids are drawn from [_UID_BASE, _UID_BASE + 2**20): unused by real accounts
 _SCRATCH = "/scratch"      # where the scratch dir appears inside bwrap
+_MAIN = "sandbox_main.py"  # the script's file name in the scratch dir: every sandbox process has it in its argv
 # The first statement the sandboxed interpreter runs when started as root under bwrap: drop to the
 # sandbox uid (no groups, no capabilities left), then run the script as __main__.
 _DROP_AND_RUN = ("import os, runpy, sys; u = int(sys.argv[1]); os.setgroups([]); os.setresgid(u, u, u); "
@@ -124,6 +125,26 @@ def _bwrap_argv(scratch: str, gpu: bool, tmp_mb: int) -> list:
     return argv
 
 
+def running_sandboxes(wait_s: float = 0.0) -> list:
+    """Pids of processes on this machine (any pid namespace) still running a sandboxed script, polled for up
+    to wait_s until there are none (the kernel tears a dead pid namespace down asynchronously). [] when every
+    sandbox is gone, which is what the tests check after hostile code."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        pids = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+            except OSError:      # the process ended while we looked
+                continue
+            if _MAIN.encode() in argv:
+                pids.append(int(pid))
+        if not pids or time.monotonic() > deadline:
+            return pids
+        time.sleep(0.1)
+
+
 def _tasks_of_uid(uid: int) -> int:
     """How many threads/processes the uid runs now: RLIMIT_NPROC counts them all, not just ours."""
     n = 0
@@ -170,9 +191,11 @@ def run_python(script: str, files: dict | None = None, *, timeout_s: float = 60.
                use_bwrap: bool = True) -> SandboxResult:
     """Run `script` (Python source) with the current interpreter inside a fresh scratch directory.
 
-    files: {relative name: str | bytes} written to the scratch dir first (the script's cwd).
+    files: {plain file name: str | bytes} written to the scratch dir first (the script's cwd); a name with
+        a "/" raises ValueError (a caller bug, unlike anything the script does).
     timeout_s: wall clock; cpu_s: CPU seconds (default timeout_s + 1, threads add up); mem_mb: address space;
-    nproc: processes + threads the sandbox may add; fsize_mb: largest file it may write; tmp_mb: its /tmp;
+    nproc: processes + threads the sandbox may add; fsize_mb: largest file it may write (Python ignores
+        SIGXFSZ, so a larger write fails with OSError "File too large"); tmp_mb: its /tmp;
     max_output: bytes kept of stdout and of stderr (more is status output_too_large);
     read_back: scratch-relative names returned in .files; env: extra environment variables;
     gpu: expose /dev/nvidia* and /sys, limit the data segment instead of the address space;
@@ -188,9 +211,11 @@ def run_python(script: str, files: dict | None = None, *, timeout_s: float = 60.
     os.mkdir(scratch, 0o700)
     try:
         for name, content in (files or {}).items():
+            if os.path.basename(name) != name or name in ("", ".", ".."):
+                raise ValueError(f"file name {name!r} is not a plain name in the scratch dir")
             with open(os.path.join(scratch, name), "wb") as f:
                 f.write(content.encode() if isinstance(content, str) else content)
-        with open(os.path.join(scratch, "__main__.py"), "w") as f:
+        with open(os.path.join(scratch, _MAIN), "w") as f:
             f.write(script)
         home = _SCRATCH if problem is None else scratch
         run_env = {"PATH": "/usr/bin:/bin", "HOME": home, "USER": "sandbox", "LANG": "C.UTF-8",
@@ -204,16 +229,16 @@ def run_python(script: str, files: dict | None = None, *, timeout_s: float = 60.
             if root:     # fresh uid: RLIMIT_NPROC counts only this sandbox, nothing outside is writable
                 uid = _UID_BASE + secrets.randbelow(1 << 20)
                 os.chown(scratch, uid, uid)
-                cmd += [sys.executable, "-c", _DROP_AND_RUN, str(uid), "__main__.py"]
+                cmd += [sys.executable, "-c", _DROP_AND_RUN, str(uid), _MAIN]
                 limit = nproc
             else:
-                cmd += [sys.executable, "__main__.py"]
+                cmd += [sys.executable, _MAIN]
                 limit = _tasks_of_uid(os.getuid()) + nproc
         else:
             not_enforced += [problem, "filesystem isolation (the script can read what this user can, write "
                              "where this user can)", "network isolation", "private /tmp", "pid namespace "
                              "(a child that calls setsid escapes the group kill; RLIMIT_CPU still ends it)"]
-            cmd = [sys.executable, "__main__.py"]
+            cmd = [sys.executable, _MAIN]
             if root:
                 not_enforced.append("rlimit nproc (ignored for root)")
                 limit = None
@@ -228,8 +253,8 @@ def run_python(script: str, files: dict | None = None, *, timeout_s: float = 60.
             rc = 128 - rc            # bwrap exits 128+N when its child dies of signal N (a real exit 137 reads the same)
         sig = _signal_name(-rc) if rc is not None and rc < 0 else None
         if status == "ok":
-            status = ("file_too_large" if sig == "SIGXFSZ" else "signal" if sig else
-                      "output_too_large" if big_out or big_err else "ok" if rc == 0 else "exit_nonzero")
+            status = ("signal" if sig else "output_too_large" if big_out or big_err else
+                      "ok" if rc == 0 else "exit_nonzero")
         read = {}
         for name in read_back:
             path = os.path.join(scratch, name)

@@ -17,6 +17,7 @@ import statistics
 
 import torch
 from triton.compiler.errors import CompilationError
+from triton.runtime.errors import InterpreterError
 from torch.utils._python_dispatch import TorchDispatchMode
 
 # aten ops a forward may run outside Triton launches: allocation, views, copies, casts. Anything else (add, mm,
@@ -99,10 +100,10 @@ def _time_ms(fn) -> float:
 
 
 def _error(exc: BaseException) -> dict:
-    """Reason for an exception raised by candidate code: compile_error (Triton compiler / interpreter front end),
-    oom, or runtime_error."""
+    """Reason for an exception raised by candidate code: compile_error (the Triton compiler, or the interpreter
+    failing inside a kernel, which the compiler would have rejected on a GPU), oom, or runtime_error."""
     detail = f"{type(exc).__name__}: {exc}"[:2000]
-    if isinstance(exc, CompilationError):
+    if isinstance(exc, (CompilationError, InterpreterError)):
         return {"error": "compile_error", "detail": detail}
     if isinstance(exc, MemoryError) or "allocate" in str(exc) or "out of memory" in str(exc):
         return {"error": "oom", "detail": detail}

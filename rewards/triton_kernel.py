@@ -42,6 +42,7 @@ from collections import OrderedDict
 from rewards.sandbox import run_python
 
 SEEDS = (1, 2, 3)
+REFERENCE_TIMEOUT_S = 120      # the task's own code: trusted to finish, run once per task and process
 _HARNESS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "triton_harness.py")
 _SCRIPT = "import triton_harness; triton_harness.main()"
 _CODE_BLOCK = re.compile(r"```python[^\n]*\n(.*?)(?:```|\Z)", re.S)
@@ -298,13 +299,13 @@ def _sandbox(files: dict, role: str, device: str, timeout_s: float, out: str):
         return res, None
 
 
-def _reference(reference_code: str, device: str, timeout_s: float) -> tuple:
+def _reference(reference_code: str, device: str) -> tuple:
     """(parsed ref.pt, None) for the task's reference, cached per (code, device); (None, why) on failure."""
     key = (reference_code, device)
     if key in _ref_cache:
         _ref_cache.move_to_end(key)
         return _ref_cache[key], None
-    res, ref = _sandbox({"reference.py": reference_code}, "reference", device, timeout_s, "ref.pt")
+    res, ref = _sandbox({"reference.py": reference_code}, "reference", device, REFERENCE_TIMEOUT_S, "ref.pt")
     if ref is None:
         return None, f"{res.status}: {res.stderr[-1000:]}"
     _ref_cache[key] = ref
@@ -350,7 +351,7 @@ def execute(code: str, task: dict, timeout_s: float = 60.0) -> tuple:
     """Run code's ModelNew against task["reference_code"] in the sandbox, no linting. Returns (score, info)."""
     import torch
     device = _device()
-    ref, problem = _reference(task["reference_code"], device, timeout_s)
+    ref, problem = _reference(task["reference_code"], device)
     if problem:
         return 0.0, {"reason": "reference_error", "detail": problem}
     cases = ref["cases"]
