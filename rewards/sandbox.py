@@ -187,8 +187,8 @@ def _read_capped(path: str, cap: int) -> tuple:
 
 def run_python(script: str, files: dict | None = None, *, timeout_s: float = 60.0, cpu_s: int | None = None,
                mem_mb: int = 4096, nproc: int = 64, fsize_mb: int = 64, tmp_mb: int = 64,
-               max_output: int = 1 << 16, read_back: tuple = (), env: dict | None = None, gpu: bool = False,
-               use_bwrap: bool = True) -> SandboxResult:
+               max_output: int = 1 << 16, read_back: tuple = (), env: dict | None = None, stdin: str = "",
+               gpu: bool = False, use_bwrap: bool = True) -> SandboxResult:
     """Run `script` (Python source) with the current interpreter inside a fresh scratch directory.
 
     files: {plain file name: str | bytes} written to the scratch dir first (the script's cwd); a name with
@@ -197,7 +197,7 @@ def run_python(script: str, files: dict | None = None, *, timeout_s: float = 60.
     nproc: processes + threads the sandbox may add; fsize_mb: largest file it may write (Python ignores
         SIGXFSZ, so a larger write fails with OSError "File too large"); tmp_mb: its /tmp;
     max_output: bytes kept of stdout and of stderr (more is status output_too_large);
-    read_back: scratch-relative names returned in .files; env: extra environment variables;
+    read_back: scratch-relative names returned in .files; env: extra environment variables; stdin: its input;
     gpu: expose /dev/nvidia* and /sys, limit the data segment instead of the address space;
     use_bwrap: False forces the rlimits-only fallback (tests use it)."""
     t0 = time.monotonic()
@@ -246,6 +246,8 @@ def run_python(script: str, files: dict | None = None, *, timeout_s: float = 60.
                 enforced.append("rlimit nproc")
                 limit = _tasks_of_uid(os.getuid()) + nproc
         cpu = cpu_s if cpu_s is not None else int(timeout_s) + 1
+        with open(os.path.join(outdir, "stdin"), "w") as f:
+            f.write(stdin)
         status, rc = _run(cmd, scratch, run_env, outdir, timeout_s, _limiter(cpu, mem_mb, limit, fsize_mb, gpu))
         stdout, big_out = _read_capped(os.path.join(outdir, "stdout"), max_output)
         stderr, big_err = _read_capped(os.path.join(outdir, "stderr"), max_output)
@@ -273,8 +275,9 @@ def run_python(script: str, files: dict | None = None, *, timeout_s: float = 60.
 def _run(cmd, cwd, env, outdir, timeout_s, preexec) -> tuple:
     """Start cmd in its own session, wait at most timeout_s, then SIGKILL its process group.
     Returns (status "ok"|"timeout", returncode)."""
-    with open(os.path.join(outdir, "stdout"), "wb") as out, open(os.path.join(outdir, "stderr"), "wb") as err:
-        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+    with open(os.path.join(outdir, "stdin"), "rb") as inp, open(os.path.join(outdir, "stdout"), "wb") as out, \
+            open(os.path.join(outdir, "stderr"), "wb") as err:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=inp, stdout=out, stderr=err,
                                 start_new_session=True, preexec_fn=preexec, close_fds=True)
         try:
             proc.wait(timeout=timeout_s)

@@ -35,17 +35,16 @@ import builtins
 import io
 import json
 import os
-import re
 import time
 from collections import OrderedDict
 
+from rewards.code import extract_code
 from rewards.sandbox import run_python
 
 SEEDS = (1, 2, 3)
 REFERENCE_TIMEOUT_S = 120      # the task's own code: trusted to finish, run once per task and process
 _HARNESS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "triton_harness.py")
 _SCRIPT = "import triton_harness; triton_harness.main()"
-_CODE_BLOCK = re.compile(r"```python[^\n]*\n(.*?)(?:```|\Z)", re.S)
 _REF_CACHE_SIZE = 256
 _ref_cache: "OrderedDict[tuple, dict]" = OrderedDict()   # (reference_code, device) -> parsed ref.pt
 
@@ -79,12 +78,6 @@ numpy tolist apply map map2 renorm dist cdist histc bincount unique nan_to_num
 _LINT_ORDER = ("lint_try_except", "lint_monkeypatch", "lint_forbidden_call", "lint_import", "lint_no_model",
                "lint_no_kernel", "lint_kernel_not_launched", "lint_torch_op")
 _TOLERANCE = {"float16": 1e-2, "bfloat16": 1e-2}   # atol = rtol by output dtype; other floats 1e-4
-
-
-def extract_code(completion: str) -> str:
-    """The last ```python block of the completion (stripped), or the whole stripped text if it has none."""
-    blocks = _CODE_BLOCK.findall(completion)
-    return (blocks[-1] if blocks else completion).strip()
 
 
 def _dotted(node) -> str | None:

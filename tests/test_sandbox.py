@@ -30,10 +30,10 @@ def _processes_with(marker: str, wait_s: float = 10.0) -> list:
 
 @pytest.mark.parametrize("use_bwrap", [pytest.param(True, marks=needs_bwrap), False])
 def test_runs_script_in_scratch_and_reads_back(use_bwrap):
-    res = run_python("import os, sys\nprint('hi', sys.stdin.read())\nopen('out.txt', 'w').write(open('in.txt').read() * 2)",
-                     files={"in.txt": "ab"}, read_back=("out.txt", "missing.txt"), use_bwrap=use_bwrap)
+    res = run_python("import sys\nprint('hi', sys.stdin.read())\nopen('out.txt', 'w').write(open('in.txt').read() * 2)",
+                     files={"in.txt": "ab"}, stdin="there", read_back=("out.txt", "missing.txt"), use_bwrap=use_bwrap)
     assert res.status == "ok", res
-    assert res.stdout == "hi \n" and res.files == {"out.txt": b"abab"}
+    assert res.stdout == "hi there\n" and res.files == {"out.txt": b"abab"}
     assert res.returncode == 0 and res.signal is None
 
 

@@ -15,7 +15,8 @@ import torch
 
 from data.triton_tasks import CATEGORIES, build_prompt, load_tasks, task_rows
 from rewards.sandbox import bwrap_problem, running_sandboxes
-from rewards.triton_kernel import execute, extract_code, lint, triton_reward
+from rewards.code import extract_code
+from rewards.triton_kernel import execute, lint, triton_reward
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = {t["name"]: t for t in load_tasks()}
@@ -258,14 +259,7 @@ def test_execution_alone_contains_hostile_code(exec_only_results, cid):
     assert running_sandboxes(wait_s=10) == []
 
 
-# ---- the linter and extraction, no execution ----
-def test_extract_code():
-    assert extract_code("a\n```python\nx = 1\n```\nb\n```python\ny = 2\n```\nc") == "y = 2"
-    assert extract_code("text\n```python\nz = 3\n") == "z = 3"           # unclosed last block (truncated output)
-    assert extract_code("  w = 4  ") == "w = 4"
-    assert extract_code("```\nnot python\n```") == "```\nnot python\n```"
-
-
+# ---- the linter, no execution ----
 @pytest.mark.parametrize("variant", [
     "import triton.language as tl\nfrom triton import jit\n" + RELU_KERNEL.replace("@triton.jit", "@jit"),
     RELU_KERNEL.replace("@triton.jit", "@triton.autotune(configs=[triton.Config({})], key=['n'])\n@triton.jit"),
