@@ -26,7 +26,8 @@ import triton.language as tl
 
 from kernels._common import jit, use_triton
 from kernels.ppo_loss import agg_weights, expand_adv, ppo_launch_args, ppo_loss_terms, ppo_stats, ppo_token
-from kernels.token_logprobs import LN2, as_btv, row_grad, row_launch_args, row_lse_ent, row_ptr, token_logprobs
+from kernels.token_logprobs import (as_btv, row_grad, row_launch_args, row_lse_ent, row_ptr, row_target_logp,
+                                     token_logprobs)
 
 
 @jit
@@ -42,7 +43,7 @@ def _fused_logits_ppo_kernel(x_ptr, dx_ptr, tgt_ptr, old_ptr, adv_ptr, ref_ptr, 
     if w != 0:
         lse2, ent = row_lse_ent(x_row, V, scale2, BLOCK_V, True)
         tgt = tl.load(tgt_ptr + row)
-        logp = (tl.load(x_row + tgt).to(tl.float32) * scale2 - lse2) * LN2
+        logp = row_target_logp(x_row, tgt, scale2, lse2)
         loss, dloss, ratio, clipped = ppo_token(logp, tl.load(old_ptr + row), tl.load(adv_ptr + row),
                                                 tl.load(ref_ptr + row), clip_low, clip_high, dual_clip, kl_coef,
                                                 HAS_DUAL, HAS_KL)

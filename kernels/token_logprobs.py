@@ -22,8 +22,8 @@ import triton.language as tl
 
 from kernels._common import jit, row_max, row_sum, use_triton
 
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
+LOG2E = 1.4426950408889634  # host side: scale2 = LOG2E / temperature
+LN2 = tl.constexpr(0.6931471805599453)  # kernels may read only constexpr globals
 
 _CHUNK_ELEMS = 1 << 20  # logits per chunk of the torch path (4 MiB of fp32 per temporary)
 
@@ -72,12 +72,16 @@ class _TorchTokenLogprobs(torch.autograd.Function):
         logp = torch.empty_like(lse)
         ent = torch.empty_like(lse) if with_entropy else lse.new_empty(0)
         for b, ts in _row_chunks(B, T, V):
-            z = _scaled(x[b, ts], temperature)  # (C, V) fp32
-            lse[b, ts] = torch.logsumexp(z, -1)
-            logp[b, ts] = z.gather(1, tgt[b, ts, None]).squeeze(1) - lse[b, ts]
+            z = _scaled(x[b, ts], temperature)  # (C, V)
+            lsm = torch.log_softmax(z, -1)  # (C, V) log p
+            t = tgt[b, ts, None]  # (C, 1)
+            logp[b, ts] = lsm.gather(1, t).squeeze(1)
+            lse[b, ts] = (z.gather(1, t) - lsm.gather(1, t)).squeeze(1)  # z_j - log p_j = lse for any finite z_j
             if with_entropy:
-                lsm = z - lse[b, ts, None]  # (C, V) log p
                 ent[b, ts] = -_masked_plogp(lsm.exp(), lsm).sum(-1)
+        bad = ~torch.isfinite(lse)  # (B, T) rows whose target logit is -inf
+        if bad.any():
+            lse[bad] = torch.logsumexp(_scaled(x[bad], temperature), -1)
         ctx.save_for_backward(logits, tgt, lse, ent)
         ctx.temperature = temperature
         shape = logits.shape[:-1]
@@ -93,12 +97,13 @@ class _TorchTokenLogprobs(torch.autograd.Function):
         for b, ts in _row_chunks(*x.shape):
             lsm = _scaled(x[b, ts], ctx.temperature) - lse[b, ts, None]  # (C, V) log p
             p = lsm.exp()  # (C, V)
-            dz = p * -g_logp[b, ts, None]  # (C, V)
             if with_entropy:
                 g_e = g_ent.reshape(lse.shape)[b, ts, None]  # (C, 1)
-                dz -= g_e * _masked_plogp(p, lsm + ent[b, ts, None])
+                dz = _masked_plogp(p, lsm.add_(ent[b, ts, None])).mul_(-g_e).sub_(p.mul_(g_logp[b, ts, None]))
+            else:
+                dz = p.mul_(-g_logp[b, ts, None])  # (C, V)
             dz.scatter_add_(1, tgt[b, ts, None], g_logp[b, ts, None])
-            dx[b, ts] = dz / ctx.temperature
+            dx[b, ts] = dz if ctx.temperature == 1.0 else dz.div_(ctx.temperature)
         return dx.view(logits.shape), None, None, None
 
 
@@ -139,6 +144,12 @@ def row_grad(row_ptr, drow_ptr, V, tgt, scale2, lse2, ent, g_logp, g_ent, BLOCK_
 
 
 @jit
+def row_target_logp(row_ptr, tgt, scale2, lse2):
+    """logp of the target: ln2 (a_tgt - lse2)."""
+    return (tl.load(row_ptr + tgt).to(tl.float32) * scale2 - lse2) * LN2
+
+
+@jit
 def row_ptr(x_ptr, T, stride_b, stride_t):
     """Start of logits row program_id(0) of a (B, T, V) tensor with any row strides (int64 offsets)."""
     row = tl.program_id(0).to(tl.int64)
@@ -152,8 +163,7 @@ def _token_logprobs_fwd(x_ptr, tgt_ptr, logp_ptr, lse2_ptr, ent_ptr, T, V, strid
     row = tl.program_id(0).to(tl.int64)
     x_row = row_ptr(x_ptr, T, stride_b, stride_t)
     lse2, ent = row_lse_ent(x_row, V, scale2, BLOCK_V, WITH_ENT)
-    a_tgt = tl.load(x_row + tl.load(tgt_ptr + row)).to(tl.float32) * scale2
-    tl.store(logp_ptr + row, (a_tgt - lse2) * LN2)
+    tl.store(logp_ptr + row, row_target_logp(x_row, tl.load(tgt_ptr + row), scale2, lse2))
     tl.store(lse2_ptr + row, lse2)
     if WITH_ENT:
         tl.store(ent_ptr + row, ent)

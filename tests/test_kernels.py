@@ -117,6 +117,7 @@ def make_ppo_inputs(B, T, adv_2d, seed=0):
     logp = old + 0.5 * torch.randn(B, T, generator=g)
     logp[0, 0], logp[-1, -1] = old[0, 0] + 25, old[-1, -1] - 25
     adv = torch.randn(B, T, generator=g) if adv_2d else torch.randn(B, generator=g)
+    adv.view(-1)[0] = -1.0  # with ratio e^20 at [0, 0]: unclipped unless dual clip, but the clamp cuts the gradient
     ref = old + 0.2 * torch.randn(B, T, generator=g)
     mask = (torch.rand(B, T, generator=g) > 0.2).float()
     mask[0, 0] = mask[-1, -1] = 1.0
@@ -188,6 +189,21 @@ def test_token_logprobs_only_entropy_gradient():
         (dx,) = torch.autograd.grad(ent.sum(), x)
         (want,) = torch.autograd.grad(ref_token_logprobs(x64, tgt, 1.0)[1].sum(), x64)
         close(dx, want, TOL[torch.float32]["grad"], f"{impl} dlogits")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_target_at_neg_inf_logit(impl):
+    """logp = -inf; d logp / dz = 1 - p at the target (p = 0 there) and -p elsewhere; other rows unaffected."""
+    x, x64, tgt = make_logits((3, 150), torch.float32, neg_inf=True)
+    tgt[1] = 0  # x[1, 0] is -inf
+    x.requires_grad_(True)
+    logp, _ = token_logprobs(x, tgt, 1.0, impl=impl)
+    assert logp[1].item() == float("-inf")
+    close(logp[[0, 2]], ref_token_logprobs(x64, tgt, 1.0)[0][[0, 2]], TOL[torch.float32]["fwd"], "logp")
+    (dx,) = torch.autograd.grad(logp[1], x)
+    want = -torch.softmax(x64[1], -1)
+    want[0] += 1.0
+    close(dx[1], want, TOL[torch.float32]["grad"], "dlogits")
 
 
 # ---------------------------------------------------------------- ppo_loss

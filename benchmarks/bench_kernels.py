@@ -1,0 +1,286 @@
+"""Kernel microbenchmarks: a table, then one JSON line last (device, versions, shapes, figures).
+
+    python benchmarks/bench_kernels.py                    # CPU: torch path vs naive log_softmax + gather
+    python benchmarks/bench_kernels.py --quick            # CUDA: T=16384, V=151936 bf16 only
+    python benchmarks/bench_kernels.py --budget-s 300     # CUDA: full grid, stop starting cases after 300 s
+
+CPU (no CUDA): token_logprobs' chunked torch path against the naive path at N x V (default 4096 x 32000 fp32):
+forward (logp), forward+backward (logp) and forward+backward (logp + entropy). Time: median (p20, p80) over
+rounds that alternate the two paths, so both see the same load on a shared machine. Peak extra memory: each case
+in a fresh subprocess, peak RSS during the call (VmHWM reset just before) minus RSS before it (inputs allocated); the fwd+bwd
+figure includes the dlogits both paths must return, and "beyond dlogits" subtracts its N*V*elt bytes.
+CUDA: triton.testing.do_bench median (p20, p80) for T x V x dtype, forward-only and forward+backward, for the
+kernels (token_logprobs, two-kernel token_logprobs + ppo_loss, fused logits -> PPO loss), torch eager,
+torch.compile of the same naive code, and Liger-Kernel (selective log-softmax forward, triton_grpo_loss
+forward+backward) when it is importable. GB/s counts the minimal traffic (forward: one read of the logits;
+forward+backward: one read + one write) and is compared with a device-to-device copy measured in the same run.
+Peak extra memory: torch.cuda.max_memory_allocated during one call minus the allocation before it.
+"""
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from kernels import fused_logits_ppo_loss, ppo_loss, token_logprobs  # noqa: E402
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+CPU_CASES = {  # name: (backward, with_entropy)
+    "fwd": (False, False),
+    "fwd+bwd": (True, False),
+    "fwd+bwd+ent": (True, True),
+}
+
+
+def naive_token_logprobs(x, tgt, with_entropy=False):
+    """The textbook path: an (N, V) fp32 log_softmax, then gather (and entropy from it)."""
+    lsm = torch.log_softmax(x.float(), -1)  # (N, V)
+    logp = lsm.gather(-1, tgt[..., None]).squeeze(-1)
+    return logp, (-(lsm.exp() * lsm).sum(-1) if with_entropy else None)
+
+
+def kernels_token_logprobs(x, tgt, with_entropy=False):
+    return token_logprobs(x, tgt, with_entropy=with_entropy)
+
+
+compiled_naive_token_logprobs = torch.compile(naive_token_logprobs, dynamic=True)  # compiles on first CUDA call
+
+
+def step_fn(fn, x, tgt, backward, with_entropy):
+    """One call of fn on (x, tgt): forward, or forward + backward of sum(g * logp) (+ sum(g * ent)) into the
+    leaf x."""
+    g = torch.randn(tgt.shape, device=x.device)
+
+    def step():
+        if not backward:
+            with torch.no_grad():
+                return fn(x, tgt, with_entropy)
+        x.grad = None
+        logp, ent = fn(x, tgt, with_entropy)
+        out = (logp * g).sum() + ((ent * g).sum() if with_entropy else 0.0)
+        out.backward()
+
+    return step
+
+
+# ---------------------------------------------------------------- CPU
+def rss_bytes(field: str) -> int:
+    """VmRSS (now) or VmHWM (peak since the last reset) of this process, in bytes."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
+
+
+def cpu_memory_worker(args) -> None:
+    """Subprocess: peak RSS growth of one call (first call, inputs already allocated); prints bytes."""
+    backward, with_entropy = CPU_CASES[args.case]
+    x = torch.randn(args.n, args.v, dtype=DTYPES[args.dtype], requires_grad=backward)
+    tgt = torch.randint(0, args.v, (args.n,))
+    step = step_fn(naive_token_logprobs if args.impl == "naive" else kernels_token_logprobs, x, tgt, backward,
+                   with_entropy)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to the current RSS
+    before = rss_bytes("VmRSS")
+    step()
+    print(rss_bytes("VmHWM") - before)
+
+
+def cpu_peak_extra(args, impl, case) -> int:
+    cmd = [sys.executable, __file__, "--memory-worker", impl, "--case", case, "--n", str(args.n), "--v",
+           str(args.v), "--dtype", args.dtype]
+    return int(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.split()[-1])
+
+
+def quantiles_ms(seconds) -> tuple:
+    """(median, p20, p80) in ms."""
+    q = torch.tensor(seconds, dtype=torch.float64).quantile(torch.tensor([0.5, 0.2, 0.8], dtype=torch.float64))
+    return tuple(round(v * 1e3, 2) for v in q.tolist())
+
+
+def run_cpu(args) -> dict:
+    dt = DTYPES[args.dtype]
+    x = torch.randn(args.n, args.v, dtype=dt)
+    tgt = torch.randint(0, args.v, (args.n,))
+    rows, figures = [], {}
+    for case, (backward, with_entropy) in CPU_CASES.items():
+        xc = x.detach().requires_grad_(backward)
+        steps = {impl: step_fn(fn, xc, tgt, backward, with_entropy)
+                 for impl, fn in (("naive", naive_token_logprobs), ("torch-chunked", kernels_token_logprobs))}
+        times = {impl: [] for impl in steps}
+        for r in range(args.rounds + 1):  # round 0 warms up
+            for impl, step in steps.items():
+                t0 = time.perf_counter()
+                step()
+                if r:
+                    times[impl].append(time.perf_counter() - t0)
+        dlogits_bytes = x.numel() * x.element_size() if backward else 0
+        for impl in steps:
+            ms = quantiles_ms(times[impl])
+            peak = cpu_peak_extra(args, impl, case)
+            figures[(case, impl)] = (ms[0], peak - dlogits_bytes)
+            rows.append(dict(case=case, impl=impl, ms=ms[0], p20=ms[1], p80=ms[2], peak_extra_MB=round(peak / 2**20, 1),
+                             beyond_dlogits_MB=round((peak - dlogits_bytes) / 2**20, 1)))
+    for row in rows:
+        naive_ms, naive_mem = figures[(row["case"], "naive")]
+        ms, mem = figures[(row["case"], row["impl"])]
+        row["time_vs_naive"] = round(ms / naive_ms, 3)
+        row["mem_vs_naive"] = round(mem / naive_mem, 3)
+    print_table(rows, ["case", "impl", "ms", "p20", "p80", "peak_extra_MB", "beyond_dlogits_MB", "time_vs_naive",
+                       "mem_vs_naive"])
+    return dict(device=f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
+                shapes=dict(N=args.n, V=args.v, dtype=args.dtype), results=rows)
+
+
+# ---------------------------------------------------------------- CUDA
+def copy_bandwidth_GBps() -> float:
+    """Device-to-device copy of 4 GiB: bytes read + written per second."""
+    src = torch.empty(2**30, device="cuda", dtype=torch.float32)
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), quantiles=[0.5])
+    return 2 * src.numel() * 4 / ms / 1e6
+
+
+def cuda_peak_extra(step) -> int:
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    step()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before
+
+
+def ppo_step(x, tgt, fused):
+    """Forward + backward of the PPO loss from logits (B, T, V): fused kernel or two kernels."""
+    B, T, _ = x.shape
+    old = -torch.rand(B, T, device=x.device)
+    adv = torch.randn(B, device=x.device)
+    mask = torch.ones(B, T, device=x.device)
+
+    def step():
+        x.grad = None
+        if fused:
+            loss, _ = fused_logits_ppo_loss(x, tgt, old, adv, mask, dual_clip=10.0)
+        else:
+            logp, _ = token_logprobs(x, tgt)
+            loss, _ = ppo_loss(logp, old, adv, mask, dual_clip=10.0)
+        loss.backward()
+
+    return step
+
+
+def liger_steps(x, tgt):
+    """Liger-Kernel's selective log-softmax (forward) and triton_grpo_loss (forward + backward, in place), or {}."""
+    try:
+        from liger_kernel.ops.grpo_loss import fused_selective_log_softmax
+        from liger_kernel.transformers.grpo_loss import triton_grpo_loss
+    except ImportError:
+        return {}
+    B, T, _ = x.shape
+    ids = tgt[:, : T - 1]  # Liger takes (B, L + 1, V) logits for L tokens
+    old = -torch.rand(B, T - 1, device=x.device)
+    adv = torch.randn(B, device=x.device)
+
+    def fwd():
+        with torch.no_grad():
+            fused_selective_log_softmax(x, ids, 1.0)
+
+    def fwd_bwd():
+        x.grad = None
+        loss, _ = triton_grpo_loss(x, old, None, ids, adv, temperature=1.0, beta=0.0, eps_high=0.28, reduce=True)
+        loss.backward()
+
+    return {("liger", "fwd"): fwd, ("liger-grpo", "fwd+bwd"): fwd_bwd}
+
+
+def cuda_cases(x, tgt):
+    """{(impl, mode): step} for one (T, V, dtype); x (1, T, V) leaf."""
+    x2, t2 = x.detach()[0].requires_grad_(True), tgt[0]  # (T, V) leaf on the same storage, (T,)
+    cases = {}
+    for impl, fn in (("kernels", kernels_token_logprobs), ("torch-eager", naive_token_logprobs),
+                     ("torch-compile", compiled_naive_token_logprobs)):
+        cases[(impl, "fwd")] = step_fn(fn, x2, t2, False, False)
+        cases[(impl, "fwd+bwd")] = step_fn(fn, x2, t2, True, False)
+    cases[("kernels+ent", "fwd+bwd")] = step_fn(kernels_token_logprobs, x2, t2, True, True)
+    cases[("kernels-2k-ppo", "fwd+bwd")] = ppo_step(x, tgt, fused=False)
+    cases[("kernels-fused-ppo", "fwd+bwd")] = ppo_step(x, tgt, fused=True)
+    cases.update(liger_steps(x, tgt))
+    return cases
+
+
+def run_cuda(args) -> dict:
+    bw = copy_bandwidth_GBps()
+    head = (16384, 151936, "bf16")  # the shape of the issue's goals goes first
+    grid = [head] if args.quick else [head] + [
+        (T, V, d) for d in ("bf16", "fp32") for T in (4096, 16384, 32768) for V in (32000, 128256, 151936)
+        if (T, V, d) != head]
+    rows, t_start = [], time.time()
+    for T, V, dname in grid:
+        x = torch.randn(1, T, V, device="cuda", dtype=DTYPES[dname], requires_grad=True)
+        tgt = torch.randint(0, V, (1, T), device="cuda")
+        elt_bytes = T * V * x.element_size()
+        for (impl, mode), step in cuda_cases(x, tgt).items():
+            row = dict(dtype=dname, T=T, V=V, impl=impl, mode=mode)
+            rows.append(row)
+            if time.time() - t_start > args.budget_s:
+                row["status"] = "skipped (time budget)"
+                continue
+            try:
+                row["peak_extra_MB"] = round(cuda_peak_extra(step) / 2**20, 1)
+                ms, p20, p80 = triton.testing.do_bench(step, quantiles=[0.5, 0.2, 0.8])
+            except torch.OutOfMemoryError:
+                row["status"] = "oom"
+                continue
+            finally:
+                torch.cuda.empty_cache()
+            gbps = elt_bytes * (1 if mode == "fwd" else 2) / ms / 1e6
+            row.update(ms=round(ms, 3), p20=round(p20, 3), p80=round(p80, 3), GBps=round(gbps, 1),
+                       pct_copy_bw=round(100 * gbps / bw, 1), status="ok")
+        del x, tgt
+        torch.cuda.empty_cache()
+    print_table(rows, ["dtype", "T", "V", "impl", "mode", "ms", "p20", "p80", "GBps", "pct_copy_bw", "peak_extra_MB",
+                       "status"])
+    return dict(device=torch.cuda.get_device_name(), copy_GBps=round(bw, 1), results=rows)
+
+
+def print_table(rows, cols) -> None:
+    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in cols}
+    print("  ".join(c.rjust(widths[c]) for c in cols))
+    for r in rows:
+        print("  ".join(str(r.get(c, "")).rjust(widths[c]) for c in cols))
+
+
+def versions() -> dict:
+    out = dict(python=platform.python_version(), torch=torch.__version__, triton=triton.__version__)
+    try:
+        out["liger_kernel"] = version("liger-kernel")
+    except PackageNotFoundError:
+        out["liger_kernel"] = None
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=4096, help="CPU: tokens")
+    ap.add_argument("--v", type=int, default=32000, help="CPU: vocabulary")
+    ap.add_argument("--dtype", default="fp32", choices=DTYPES, help="CPU: logits dtype")
+    ap.add_argument("--rounds", type=int, default=7, help="CPU: timed rounds (after one warm-up)")
+    ap.add_argument("--quick", action="store_true", help="CUDA: only T=16384, V=151936, bf16")
+    ap.add_argument("--budget-s", type=float, default=330.0, help="CUDA: start no case after this many seconds")
+    ap.add_argument("--memory-worker", choices=["naive", "torch-chunked"], help=argparse.SUPPRESS)
+    ap.add_argument("--case", choices=CPU_CASES, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.memory_worker:
+        args.impl = args.memory_worker
+        return cpu_memory_worker(args)
+    result = run_cuda(args) if torch.cuda.is_available() else run_cpu(args)
+    print(json.dumps(dict(bench="kernels", versions=versions(), **result)))
+
+
+if __name__ == "__main__":
+    main()
