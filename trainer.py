@@ -234,6 +234,12 @@ def all_max(value: int, device) -> int:
     return int(t.item())
 
 
+def all_max_float(value: float, device) -> float:
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
 # ---------------------------------------------------------------------------------------------
 # Data
 # ---------------------------------------------------------------------------------------------
@@ -361,15 +367,15 @@ def token_budget_batches(rows: list[Row], budget: int, device) -> list[list[int]
     return batches + [[] for _ in range(all_max(len(batches), device) - len(batches))]
 
 
-def response_logprobs(model, rows: list[Row], device, temperature: float, with_entropy: bool = False):
-    """Left-padded forward over prompt+response; the last K+1 logits give the log-probs of each row's
-    response, right-aligned in a (b, K) window (K = longest response).
-    -> logp (b, K), entropy (b, K) or None, mask (b, K)."""
-    from kernels import token_logprobs
-    if not rows:  # dummy micro-batch of a rank with fewer: keeps FSDP's collectives in step
-        out = model(input_ids=torch.zeros(1, 2, dtype=torch.long, device=device), logits_to_keep=1)
-        z = out.logits.sum() * 0.0
-        return z.view(1, 1), None, torch.zeros(1, 1, device=device)
+def response_window(model, rows: list[Row], device):
+    """Left-padded forward over prompt+response, keeping only the last K+1 logits (K = longest
+    response): each row's response is right-aligned in a (b, K) window.
+    -> logits (b, K, V) predicting targets (b, K), mask (b, K) of real response tokens.
+    An empty `rows` (a rank's padding micro-batch) runs a 1-token dummy forward: FSDP's collectives
+    must match across ranks."""
+    if not rows:
+        logits = model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device)).logits  # (1, 1, V)
+        return logits, torch.zeros(1, 1, dtype=torch.long, device=device), torch.zeros(1, 1, device=device)
     L = max(len(r) for r in rows)
     K = max(1, max(len(r.response) for r in rows))
     ids = torch.zeros(len(rows), L, dtype=torch.long)
@@ -383,9 +389,16 @@ def response_logprobs(model, rows: list[Row], device, temperature: float, with_e
     ids, attn, mask = ids.to(device), attn.to(device), mask.to(device)
     pos = (attn.cumsum(1) - 1).clamp(min=0)  # (b, L) positions restart at each row's first real token
     logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=K + 1).logits
-    targets = ids[:, L - K:]  # (b, K)
-    logp, ent = token_logprobs(logits[:, :K], targets, temperature=temperature, with_entropy=with_entropy)
-    return logp.view(len(rows), K), (ent.view(len(rows), K) if ent is not None else None), mask
+    return logits[:, :K], ids[:, L - K:], mask  # (b, K, V), (b, K), (b, K)
+
+
+def response_logprobs(model, rows: list[Row], device, temperature: float, with_entropy: bool = False):
+    """-> logp (b, K), entropy (b, K) or None, mask (b, K): log-probs of each row's response tokens
+    at the sampling temperature, right-aligned (see response_window)."""
+    from kernels import token_logprobs
+    logits, targets, mask = response_window(model, rows, device)
+    logp, ent = token_logprobs(logits, targets, temperature=temperature, with_entropy=with_entropy)
+    return logp, ent, mask
 
 
 def right_aligned(values: list[list[float]], K: int, device) -> torch.Tensor:
@@ -512,10 +525,12 @@ def fill_old_logprobs(run: Run, trajectories) -> None:
 
 def policy_update(run: Run, rows: list[Row]) -> dict:
     """PPO-clip over `mini_batches` optimizer steps; each is a set of token-budget micro-batches
-    whose losses are scaled so the gradient is that of the global (all-rank) aggregate."""
-    from kernels import ppo_loss
-    cfg, stats = run.cfg, {"loss": 0.0, "clip_frac": 0.0, "approx_kl": 0.0, "ratio_max": 0.0, "entropy": 0.0,
-                           "grad_norm": 0.0, "micro_batches": 0}
+    whose losses are scaled so the gradient is that of the global (all-rank) aggregate. The loss runs
+    through kernels.fused_logits_ppo_loss: on CUDA one Triton pass computes logp, entropy, the
+    clipped loss and dlogits; on CPU it falls back to token_logprobs + ppo_loss."""
+    from kernels import fused_logits_ppo_loss
+    cfg = run.cfg
+    stats = dict.fromkeys(("loss", "clip_frac", "approx_kl", "ratio_max", "entropy", "grad_norm"), 0.0)
     per_mini = math.ceil(len(rows) / cfg.mini_batches)
     for m in range(cfg.mini_batches):
         mini = rows[m * per_mini:(m + 1) * per_mini]
@@ -523,26 +538,37 @@ def policy_update(run: Run, rows: list[Row]) -> dict:
         denom = tokens if cfg.loss_agg == "token-mean" else seqs
         for mb in token_budget_batches(mini, cfg.token_budget, run.device):
             batch = [mini[i] for i in mb]
-            logp, ent, mask = response_logprobs(run.policy, batch, run.device, cfg.temperature, with_entropy=True)
+            ref = reference_logprobs(run, batch) if cfg.kl_coef > 0 else None  # (b, K)
+            logits, targets, mask = response_window(run.policy, batch, run.device)
             if not batch:
-                logp.sum().backward()
+                (logits.sum() * 0.0).backward()
                 continue
-            K = logp.shape[1]
+            K = targets.shape[1]
             old = right_aligned([r.old_logp for r in batch], K, run.device)  # (b, K)
             adv = torch.tensor([r.adv for r in batch], device=run.device)  # (b,)
-            loss, s = ppo_loss(logp, old, adv, mask, cfg.clip_low, cfg.clip_high, cfg.dual_clip,
-                               agg=cfg.loss_agg)
             n_local = mask.sum().item() if cfg.loss_agg == "token-mean" else len(batch)
-            (loss * n_local * run.world / denom).backward()  # FSDP averages grads over ranks
-            stats["loss"] += loss.item() * n_local / denom * run.world
-            stats["clip_frac"] += s["clip_frac"] * mask.sum().item() / tokens * run.world
-            stats["approx_kl"] += s["approx_kl"] * mask.sum().item() / tokens * run.world
+            scale = n_local * run.world / denom  # this micro-batch's share; FSDP averages grads over ranks
+            loss, s = fused_logits_ppo_loss(logits, targets, old, adv, mask, cfg.clip_low, cfg.clip_high,
+                                            cfg.dual_clip, ref, cfg.kl_coef, cfg.loss_agg, cfg.temperature,
+                                            grad_scale=scale)
+            (loss * scale).backward()
+            stats["loss"] += loss.item() * scale / run.world
+            for k in ("clip_frac", "approx_kl", "entropy"):  # token-weighted over all ranks
+                stats[k] += s[k] * mask.sum().item() / tokens
             stats["ratio_max"] = max(stats["ratio_max"], s["ratio_max"])
-            stats["entropy"] += float((ent.detach() * mask).sum()) / tokens * run.world
-            stats["micro_batches"] += 1
         norm, _ = optimizer_step(run)
         stats["grad_norm"] += norm / cfg.mini_batches
+    summed = all_sum([stats[k] for k in ("loss", "clip_frac", "approx_kl", "entropy")], run.device)
+    stats.update(zip(("loss", "clip_frac", "approx_kl", "entropy"), summed))
+    stats["ratio_max"] = all_max_float(stats["ratio_max"], run.device)
     return stats
+
+
+@torch.no_grad()
+def reference_logprobs(run: Run, batch: list[Row]) -> torch.Tensor:
+    """(b, K) log-probs of the frozen reference policy (k3 KL term), right-aligned like the policy's.
+    Runs for a rank's empty padding micro-batch too, keeping FSDP's collectives in step."""
+    return response_logprobs(run.ref, batch, run.device, run.cfg.temperature)[0]
 
 
 def rl_step(run: Run, step: int, advantage_fn) -> dict:

@@ -19,8 +19,8 @@ ITEMS = ["apples", "coins", "books", "cards", "shells", "stamps", "pens", "marbl
 PROMPT_SUFFIX = " Answer:"
 
 
-def make_problem(rng: random.Random, max_steps: int = 12, p_stop: float = 0.45,
-                 max_value: int = 20) -> dict:
+def make_problem(rng: random.Random, max_steps: int = 12, p_stop: float = 0.55,
+                 max_value: int = 9) -> dict:
     """One problem. Steps k ~ Geometric(p_stop) capped at max_steps; amounts in [1, max_value]."""
     k = 1
     while k < max_steps and rng.random() > p_stop:

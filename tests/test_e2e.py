@@ -1,5 +1,6 @@
 """End to end with real parts: SFT then 2 RL steps on 2 torchrun ranks (FSDP2 on gloo, one vLLM
-engine per rank, CoPRIS rollout), and the exported HF folder loads in transformers and vLLM."""
+engine per rank, CoPRIS rollout, k3 KL to a frozen FSDP2 reference, dual clip), and the exported HF
+folder loads in transformers and vLLM."""
 import json
 import os
 import subprocess
@@ -28,7 +29,7 @@ def sft_then_rl(tiny, tmp_path_factory):
     log = torchrun(f"--model_path={out / 'sft' / 'export'}", f"--train_data={tiny / 'data' / 'rl_train.jsonl'}",
                    f"--eval_data={tiny / 'data' / 'eval.jsonl'}", f"--run_dir={out / 'rl'}", "--steps=2",
                    "--n_samples=4", "--batch_groups=4", "--copris.concurrency=6", "--eval_samples=2",
-                   "--lr=1e-3", "--eval_every=1", *common)
+                   "--lr=1e-3", "--eval_every=1", "--kl_coef=0.01", "--dual_clip=3", *common)
     return out, log
 
 
