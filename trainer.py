@@ -20,6 +20,7 @@ import math
 import os
 import random
 import shutil
+import signal
 import socket
 import sys
 import time
@@ -80,11 +81,16 @@ class Config:
     dual_clip: float | None = None  # dual clip c (e.g. 3 or 10) for negative advantages; null = off
     kl_coef: float = 0.0  # k3 KL to a frozen reference copy of the initial policy; 0 = no reference
     loss_agg: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum
+    entropy_coef: float = 0.0  # entropy bonus: loss -= entropy_coef * aggregated token entropy
     sft_epochs: int = 1  # SFT passes over train_data (0: run `steps` optimizer steps)
     sft_batch_rows: int = 64  # SFT rows per optimizer step over all ranks
     eval_every: int = 10  # evaluate every k RL steps (and before the first and after the last); 0 = ends only
     eval_samples: int = 4  # k sampled completions per eval prompt for mean@k / pass@k (plus one greedy)
     export_every: int = 0  # HF export every k steps; 0 = at the end only
+    save_every: int = 10  # resumable checkpoint every k RL steps (and on SIGTERM/SIGINT); 0 = only on signals
+    keep_checkpoints: int = 2  # complete checkpoints kept (oldest deleted)
+    resume: str = "off"  # off | auto (newest complete checkpoint in run_dir, if any) | path to a checkpoint
+    max_skipped_updates: int = 3  # stop with an error after this many consecutive non-finite updates
     reward_workers: int = 1  # reward processes per rank
     reward_timeout_s: float = 10.0  # wall limit per sample; over it scores 0 and is counted
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -98,6 +104,10 @@ CHOICES = {"mode": {"rl", "sft"}, "advantage": {"grpo", "rloo"},
 
 class ConfigError(ValueError):
     """A user error in the config: printed without a traceback."""
+
+
+class TrainingError(RuntimeError):
+    """The run cannot go on (e.g. repeated non-finite updates): printed without a traceback."""
 
 
 def _parse_value(text: str, tp, key: str):
@@ -193,6 +203,12 @@ def validate_config(cfg: Config) -> None:
     for key in ("n_samples", "batch_groups", "max_prompt_len", "max_response_len", "token_budget", "mini_batches"):
         if getattr(cfg, key) < 1:
             raise ConfigError(f"{key} must be >= 1, got {getattr(cfg, key)}")
+    if cfg.resume not in ("off", "auto") and not (Path(cfg.resume) / "manifest.json").is_file():
+        raise ConfigError(f"resume={cfg.resume!r}: not off, auto, or a complete checkpoint folder (no manifest.json)")
+    max_pos = json.loads((Path(cfg.model_path) / "config.json").read_text()).get("max_position_embeddings")
+    if max_pos and cfg.max_prompt_len + cfg.max_response_len > max_pos:
+        raise ConfigError(f"max_prompt_len + max_response_len = {cfg.max_prompt_len + cfg.max_response_len} exceeds "
+                          f"the model's max_position_embeddings={max_pos}")
     if cfg.token_budget < cfg.max_prompt_len + cfg.max_response_len:
         raise ConfigError(f"token_budget={cfg.token_budget} is below one full row "
                           f"(max_prompt_len + max_response_len = {cfg.max_prompt_len + cfg.max_response_len})")
@@ -460,8 +476,14 @@ def optimizer_step(run: Run) -> tuple[float, bool]:
     if applied:
         run.optim.step()
         run.policy_version += 1
+        run.counters["consecutive_skips"] = 0
     else:
         run.counters["skipped_updates"] = run.counters.get("skipped_updates", 0) + 1
+        run.counters["consecutive_skips"] = run.counters.get("consecutive_skips", 0) + 1
+        if run.counters["consecutive_skips"] >= run.cfg.max_skipped_updates:
+            raise TrainingError(f"{run.counters['consecutive_skips']} consecutive updates had a non-finite "
+                                f"gradient norm ({norm}); stopping. Lower lr, check the data, or resume from "
+                                f"the last checkpoint with different settings.")
     run.optim.zero_grad(set_to_none=True)
     run.sched.step()
     return norm, applied
@@ -550,7 +572,7 @@ def policy_update(run: Run, rows: list[Row]) -> dict:
             scale = n_local * run.world / denom  # this micro-batch's share; FSDP averages grads over ranks
             loss, s = fused_logits_ppo_loss(logits, targets, old, adv, mask, cfg.clip_low, cfg.clip_high,
                                             cfg.dual_clip, ref, cfg.kl_coef, cfg.loss_agg, cfg.temperature,
-                                            grad_scale=scale)
+                                            entropy_coef=cfg.entropy_coef, grad_scale=scale)
             (loss * scale).backward()
             stats["loss"] += loss.item() * scale / run.world
             for k in ("clip_frac", "approx_kl", "entropy"):  # token-weighted over all ranks
@@ -702,6 +724,99 @@ def plot_run(run_dir: Path) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------
+# Resumable checkpoints: atomic (tmp folder renamed once complete, with a manifest)
+# ---------------------------------------------------------------------------------------------
+
+
+def save_checkpoint(run: Run, step: int) -> Path:
+    """Model + optimizer (torch.distributed.checkpoint, sharded), per-rank RNG / data cursor / partial
+    buffer, and the run's step, LR schedule and counters. Written to step_N.tmp, renamed to step_N
+    when every rank is done: a folder without manifest.json is never taken for a checkpoint."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    root = run.run_dir / "checkpoints"
+    final, tmp = root / f"step_{step:06d}", root / f"step_{step:06d}.tmp"
+    if run.rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    model_sd, optim_sd = get_state_dict(run.policy, run.optim)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "dcp"))
+    torch.save({"torch_rng": torch.get_rng_state(), "py_rng": random.getstate(), "cursor": run.prompts.cursor,
+                "rollout": run.scheduler.state_dict()}, tmp / f"rank{run.rank}.pt")
+    dist.barrier()
+    if run.rank == 0:
+        (tmp / "manifest.json").write_text(json.dumps({
+            "step": step, "world": run.world, "policy_version": run.policy_version, "counters": run.counters,
+            "lr_sched": run.sched.state_dict(), "time": time.time()}))
+        shutil.rmtree(final, ignore_errors=True)
+        os.rename(tmp, final)
+        for old in complete_checkpoints(root)[:-run.cfg.keep_checkpoints]:
+            shutil.rmtree(old, ignore_errors=True)
+    dist.barrier()
+    return final
+
+
+def complete_checkpoints(root: Path) -> list[Path]:
+    """Checkpoint folders with a manifest, oldest first (half-written .tmp folders are ignored)."""
+    return sorted(p for p in root.glob("step_*") if not p.name.endswith(".tmp") and (p / "manifest.json").is_file())
+
+
+def load_checkpoint(run: Run, path: Path) -> int:
+    """Restore everything save_checkpoint wrote; -> the step it was taken after."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    manifest = json.loads((path / "manifest.json").read_text())
+    if manifest["world"] != run.world:
+        raise ConfigError(f"checkpoint {path} was written by {manifest['world']} ranks; this run has {run.world}")
+    model_sd, optim_sd = get_state_dict(run.policy, run.optim)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=str(path / "dcp"))
+    set_state_dict(run.policy, run.optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    mine = torch.load(path / f"rank{run.rank}.pt", weights_only=False)  # our own file
+    torch.set_rng_state(mine["torch_rng"])
+    random.setstate(mine["py_rng"])
+    run.prompts.cursor = mine["cursor"]
+    run.scheduler.load_state_dict(mine["rollout"])
+    run.sched.load_state_dict(manifest["lr_sched"])
+    run.policy_version, run.counters = manifest["policy_version"], manifest["counters"]
+    return manifest["step"]
+
+
+def resume_point(cfg: Config) -> Path | None:
+    if cfg.resume == "off":
+        return None
+    if cfg.resume != "auto":
+        return Path(cfg.resume)
+    found = complete_checkpoints(Path(cfg.run_dir) / "checkpoints")
+    return found[-1] if found else None
+
+
+def truncate_metrics(run: Run, step: int) -> None:
+    """Drop metric lines written after the checkpoint's step (they will be produced again)."""
+    if run.rank == 0:
+        path = run.run_dir / "metrics.jsonl"
+        keep = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= step]
+        path.write_text("".join(line + "\n" for line in keep))
+
+
+class StopSignal:
+    """SIGTERM / SIGINT set a flag; the loop finishes its step, checkpoints and exits 0."""
+
+    def __init__(self):
+        self.raised = False
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        self.raised = True
+
+    def agreed(self, device) -> bool:
+        """True on every rank once any rank got a signal."""
+        return all_max(int(self.raised), device) > 0
+
+
+# ---------------------------------------------------------------------------------------------
 # Modes
 # ---------------------------------------------------------------------------------------------
 
@@ -716,7 +831,8 @@ def setup(cfg: Config) -> Run:
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
-        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+        if resume_point(cfg) is None:
+            (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     policy = build_model(cfg.model_path, device, trainable=True)
     optim, sched = make_optimizer(cfg, policy, cfg.steps)
     return Run(cfg, rank, world, device, tok, policy, optim, sched, run_dir)
@@ -756,13 +872,21 @@ def train_rl(cfg: Config) -> None:
         stop_token_ids=[run.tok.eos_token_id], seed=cfg.seed, enabled=cfg.copris.enabled,
         staleness_cap=cfg.copris.staleness_cap)
     advantage_fn = (lambda r, k: grpo_advantages(r, k, cfg.scale_std)) if cfg.advantage == "grpo" else rloo_advantages
+    start = 0
+    ckpt = resume_point(cfg)
+    if ckpt is not None:
+        start = load_checkpoint(run, ckpt)
+        truncate_metrics(run, start)
+        if run.rank == 0:
+            print(f"resumed from {ckpt} (step {start})")
+    stop = StopSignal()
     try:
         t_start = time.time()
-        if run.eval_rows:
-            first = {"step": 0, **evaluate(run)}
-            log_metrics(run, first)
+        if run.eval_rows and start == 0:
+            log_metrics(run, {"step": 0, **evaluate(run)})
         bar = progress(run, cfg.steps, "rl")
-        for step in range(1, cfg.steps + 1):
+        bar.update(start)
+        for step in range(start + 1, cfg.steps + 1):
             m = rl_step(run, step, advantage_fn)
             m["elapsed_s"] = time.time() - t_start
             if run.eval_rows and ((cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps):
@@ -771,23 +895,35 @@ def train_rl(cfg: Config) -> None:
             bar.set_postfix(reward=f"{m['reward']:.3f}", len=f"{m['response_len']:.0f}",
                             **{k[5:]: f"{v:.3f}" for k, v in m.items() if k.startswith("eval/")})
             bar.update()
+            stopping = stop.agreed(run.device)
+            if stopping or (cfg.save_every and step % cfg.save_every == 0 and step != cfg.steps):
+                path = save_checkpoint(run, step)
             if cfg.export_every and step % cfg.export_every == 0 and step != cfg.steps:
                 export_hf(run, run.run_dir / "export")
+            if stopping:
+                if run.rank == 0:
+                    print(f"\nstopped by signal after step {step}; checkpoint {path}; continue with --resume=auto")
+                return
         bar.close()
         export_hf(run, run.run_dir / "export")
         if run.rank == 0:
-            plot_run(run.run_dir)
-            if run.eval_rows:
-                last = json.loads((run.run_dir / "metrics.jsonl").read_text().splitlines()[-1])
-                print(f"held-out accuracy: greedy {first['eval/greedy_acc']:.3f} -> {last['eval/greedy_acc']:.3f}, "
-                      f"mean@{cfg.eval_samples} {first[f'eval/mean@{cfg.eval_samples}']:.3f} -> "
-                      f"{last[f'eval/mean@{cfg.eval_samples}']:.3f}  ({cfg.steps} steps, "
-                      f"{time.time() - t_start:.0f} s, {cfg.steps / (time.time() - t_start):.3f} steps/s)")
-            print(f"metrics: {run.run_dir / 'metrics.jsonl'}  plot: {run.run_dir / 'plot.png'}  "
-                  f"export: {run.run_dir / 'export'}")
+            report_run(run, time.time() - t_start, cfg.steps - start)
     finally:
         run.pool.close()
         run.engine.shutdown()
+
+
+def report_run(run: Run, seconds: float, steps: int) -> None:
+    """Plot, and print held-out accuracy before (first eval) and after (last eval)."""
+    plot_run(run.run_dir)
+    evals = [r for r in map(json.loads, open(run.run_dir / "metrics.jsonl")) if "eval/greedy_acc" in r]
+    if evals:
+        k = run.cfg.eval_samples
+        a, b = evals[0], evals[-1]
+        print(f"held-out accuracy: greedy {a['eval/greedy_acc']:.3f} -> {b['eval/greedy_acc']:.3f}, "
+              f"mean@{k} {a[f'eval/mean@{k}']:.3f} -> {b[f'eval/mean@{k}']:.3f}  (steps {a['step']} -> {b['step']}; "
+              f"{steps} steps in {seconds:.0f} s, {steps / max(seconds, 1e-9):.3f} steps/s)")
+    print(f"metrics: {run.run_dir / 'metrics.jsonl'}  plot: {run.run_dir / 'plot.png'}  export: {run.run_dir / 'export'}")
 
 
 def train_sft(cfg: Config) -> None:
@@ -841,6 +977,9 @@ def main(argv: list[str]) -> int:
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    except TrainingError as e:
+        print(f"training stopped: {e}", file=sys.stderr)
+        return 3
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
