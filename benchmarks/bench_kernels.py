@@ -93,7 +93,7 @@ def cpu_memory_worker(args) -> None:
 
 def cpu_peak_extra(args, impl, case) -> int:
     cmd = [sys.executable, __file__, "--memory-worker", impl, "--case", case, "--n", str(args.n), "--v",
-           str(args.v), "--dtype", args.dtype]
+           str(args.v), "--dtype", args.dtype, "--threads", str(args.threads)]
     return int(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.split()[-1])
 
 
@@ -270,11 +270,15 @@ def main() -> None:
     ap.add_argument("--v", type=int, default=32000, help="CPU: vocabulary")
     ap.add_argument("--dtype", default="fp32", choices=DTYPES, help="CPU: logits dtype")
     ap.add_argument("--rounds", type=int, default=7, help="CPU: timed rounds (after one warm-up)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="CPU: torch threads (1: reproducible on a shared machine; 0: torch's default)")
     ap.add_argument("--quick", action="store_true", help="CUDA: only T=16384, V=151936, bf16")
     ap.add_argument("--budget-s", type=float, default=330.0, help="CUDA: start no case after this many seconds")
     ap.add_argument("--memory-worker", choices=["naive", "torch-chunked"], help=argparse.SUPPRESS)
     ap.add_argument("--case", choices=CPU_CASES, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.memory_worker:
         args.impl = args.memory_worker
         return cpu_memory_worker(args)

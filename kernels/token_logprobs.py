@@ -25,7 +25,10 @@ from kernels._common import jit, row_max, row_sum, use_triton
 LOG2E = 1.4426950408889634  # host side: scale2 = LOG2E / temperature
 LN2 = tl.constexpr(0.6931471805599453)  # kernels may read only constexpr globals
 
-_CHUNK_ELEMS = 1 << 20  # logits per chunk of the torch path (4 MiB of fp32 per temporary)
+# logits per chunk of the torch path (16 MiB of fp32 per temporary). CPU, N=4096 V=32000 fp32, 1 thread: time vs
+# naive log_softmax + gather 0.33x forward, 0.8x fwd+bwd at 2^18..2^22 alike; 2 threads on a loaded 2-core
+# machine favour the fewest, largest chunks (each op is a parallel region)
+_CHUNK_ELEMS = 1 << 22
 
 
 def as_btv(logits: torch.Tensor) -> torch.Tensor:
