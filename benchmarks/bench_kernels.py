@@ -55,17 +55,17 @@ compiled_naive_token_logprobs = torch.compile(naive_token_logprobs, dynamic=True
 
 def step_fn(fn, x, tgt, backward, with_entropy):
     """One call of fn on (x, tgt): forward, or forward + backward of sum(g * logp) (+ sum(g * ent)) into the
-    leaf x."""
+    leaf x, whose grad is dropped again (nothing stays allocated between calls)."""
     g = torch.randn(tgt.shape, device=x.device)
 
     def step():
         if not backward:
             with torch.no_grad():
                 return fn(x, tgt, with_entropy)
-        x.grad = None
         logp, ent = fn(x, tgt, with_entropy)
         out = (logp * g).sum() + ((ent * g).sum() if with_entropy else 0.0)
         out.backward()
+        x.grad = None
 
     return step
 
@@ -163,13 +163,13 @@ def ppo_step(x, tgt, fused):
     mask = torch.ones(B, T, device=x.device)
 
     def step():
-        x.grad = None
         if fused:
             loss, _ = fused_logits_ppo_loss(x, tgt, old, adv, mask, dual_clip=10.0)
         else:
             logp, _ = token_logprobs(x, tgt)
             loss, _ = ppo_loss(logp, old, adv, mask, dual_clip=10.0)
         loss.backward()
+        x.grad = None
 
     return step
 
@@ -182,7 +182,7 @@ def liger_steps(x, tgt):
     except ImportError:
         return {}
     B, T, _ = x.shape
-    ids = tgt[:, : T - 1]  # Liger takes (B, L + 1, V) logits for L tokens
+    ids = tgt[:, : T - 1].contiguous()  # Liger takes (B, L + 1, V) logits for L tokens
     old = -torch.rand(B, T - 1, device=x.device)
     adv = torch.randn(B, device=x.device)
 
@@ -191,9 +191,9 @@ def liger_steps(x, tgt):
             fused_selective_log_softmax(x, ids, 1.0)
 
     def fwd_bwd():
-        x.grad = None
         loss, _ = triton_grpo_loss(x, old, None, ids, adv, temperature=1.0, beta=0.0, eps_high=0.28, reduce=True)
         loss.backward()
+        x.grad = None
 
     return {("liger", "fwd"): fwd, ("liger-grpo", "fwd+bwd"): fwd_bwd}
 
