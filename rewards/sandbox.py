@@ -26,6 +26,7 @@ import secrets
 import shutil
 import signal
 import site
+import stat
 import subprocess
 import sys
 import tempfile
@@ -178,6 +179,22 @@ def _signal_name(n: int) -> str:
         return f"SIG{n}"
 
 
+def _read_regular(path: str, cap: int) -> bytes | None:
+    """At most cap bytes of path if it is a regular file; None for anything else (missing, a symlink planted by
+    the script, a FIFO that would block)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(cap)
+    finally:
+        os.close(fd)
+
+
 def _read_capped(path: str, cap: int) -> tuple:
     """(text of at most cap bytes, whether the file was longer)."""
     with open(path, "rb") as f:
@@ -257,12 +274,8 @@ def run_python(script: str, files: dict | None = None, *, timeout_s: float = 60.
         if status == "ok":
             status = ("signal" if sig else "output_too_large" if big_out or big_err else
                       "ok" if rc == 0 else "exit_nonzero")
-        read = {}
-        for name in read_back:
-            path = os.path.join(scratch, name)
-            if os.path.isfile(path) and not os.path.islink(path):
-                with open(path, "rb") as f:
-                    read[name] = f.read(fsize_mb << 20)
+        read = {name: data for name in read_back
+                if (data := _read_regular(os.path.join(scratch, name), fsize_mb << 20)) is not None}
         return SandboxResult(status, rc, sig, stdout, stderr, time.monotonic() - t0, read,
                              tuple(enforced), tuple(not_enforced))
     except OSError as e:

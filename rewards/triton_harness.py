@@ -20,8 +20,10 @@ from triton.compiler.errors import CompilationError
 from triton.runtime.errors import InterpreterError
 from torch.utils._python_dispatch import TorchDispatchMode
 
-# aten ops a forward may run outside Triton launches: allocation, views, copies, casts. Anything else (add, mm,
-# relu, sum, ...) means torch computed part of the answer.
+# aten ops a forward may run: allocation, views, copies, casts (also all the interpreter itself runs to move
+# kernel arguments to numpy and back, and all the autotuner's benchmarking runs). Anything else (add, mm, relu,
+# sum, ...) means torch computed part of the answer, wherever it was called from (forward, a hook, a kernel
+# body under the interpreter).
 _ALLOWED_ATEN = frozenset("""
 empty empty_like empty_strided new_empty new_empty_strided zeros zeros_like new_zeros ones ones_like new_ones
 full full_like new_full fill_ zero_ arange copy_ clone contiguous _to_copy to detach alias view _unsafe_view
@@ -32,44 +34,37 @@ _TIME_WARMUP, _TIME_ITERS = 3, 20
 
 
 class _Audit(TorchDispatchMode):
-    """Records the aten ops run while active, except inside Triton's own launch machinery (the interpreter
-    copies tensors to and from numpy; the autotuner benchmarks)."""
+    """Records the aten ops outside _ALLOWED_ATEN run while active, and counts kernel launches."""
 
     def __init__(self):
         super().__init__()
-        self.ops, self.depth, self.launches = set(), 0, 0
+        self.ops, self.launches = set(), 0
 
     @classmethod
     def _should_skip_dynamo(cls):
         return False      # torch's default wraps __torch_dispatch__ in dynamo.disable: a 1.7 s import, no use here
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        if self.depth == 0 and name not in _ALLOWED_ATEN:
+        if func.overloadpacket.__name__ not in _ALLOWED_ATEN:
             self.ops.add(str(func))
         return func(*args, **(kwargs or {}))
 
 
 def _hook_launches(audit: _Audit) -> None:
-    """Count real kernel launches and pause the audit inside every Triton `run` (jit, interpreter, autotuner)."""
-    from triton.runtime.autotuner import Autotuner, Heuristics
+    """Count real kernel launches (jit on GPU, interpreter on CPU; autotuners end in one of these)."""
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
-    def wrap(cls, counts):
+    def wrap(cls):
         run = cls.run
 
         def counted_run(self, *args, **kwargs):
-            audit.launches += counts and not kwargs.get("warmup", False)
-            audit.depth += 1
-            try:
-                return run(self, *args, **kwargs)
-            finally:
-                audit.depth -= 1
+            audit.launches += not kwargs.get("warmup", False)
+            return run(self, *args, **kwargs)
         cls.run = counted_run
 
-    for cls, counts in ((JITFunction, True), (InterpretedFunction, True), (Autotuner, False), (Heuristics, False)):
-        wrap(cls, counts)
+    wrap(JITFunction)
+    wrap(InterpretedFunction)
 
 
 def _outputs(out) -> list:

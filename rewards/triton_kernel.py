@@ -53,15 +53,21 @@ _ALLOWED_MODULES = ("torch", "torch.nn", "triton", "triton.language", "math", "t
 _FORBIDDEN_NAMES = frozenset("eval exec compile open __import__ getattr setattr delattr globals locals vars "
                              "breakpoint input exit quit memoryview help".split())
 _ALLOWED_DUNDERS = frozenset(("__init__", "__name__"))
-# torch names a forward may use: allocation, dtypes, devices, types. Every other torch.* is compute.
+# torch names code outside ModelNew.__init__ may use: allocation, dtypes, devices, types; the rest is compute.
 _TORCH_OK = frozenset("torch." + n for n in """
 empty empty_like empty_strided zeros zeros_like ones ones_like full full_like arange Tensor Size device dtype
 finfo iinfo is_tensor no_grad inference_mode get_default_dtype cuda.current_device cuda.is_available
-cuda.device nn.Module nn.Parameter float float16 float32 float64 half bfloat16 double int int8 int16 int32
-int64 long uint8 bool
+cuda.device nn.Module nn.Parameter autograd.Function float float16 float32 float64 half bfloat16 double int int8
+int16 int32 int64 long uint8 bool
 """.split())
-_TORCH_PREFIXES = frozenset(n.rsplit(".", k)[0] for n in _TORCH_OK for k in range(1, n.count(".") + 1))
-# method names that compute on a tensor (checked after stripping a trailing "_": add_ is add)
+# ModelNew.__init__ and kernels may also build parameters; nothing may reach torch.utils (C++ extensions),
+# torch.compile / jit / ops / _C / library, loading files, ...: every torch name outside these two sets.
+_TORCH_INIT_OK = _TORCH_OK | frozenset("torch." + n for n in """
+randn rand randint randn_like rand_like randint_like tensor as_tensor manual_seed
+""".split())
+_TORCH_INIT_PREFIXES = ("torch.nn.",)
+# method names that compute on a tensor (also with a trailing "_": add_ is add; apply_ only with it, as
+# autograd.Function.apply is fine)
 _COMPUTE_METHODS = frozenset("""
 abs absolute neg negative add sub subtract mul multiply div divide true_divide floor_divide remainder fmod pow
 reciprocal sqrt rsqrt exp exp2 expm1 log log2 log10 log1p sin cos tan tanh sinh cosh asin acos atan atan2
@@ -73,7 +79,7 @@ masked_fill masked_scatter argmax argmin topk sort argsort kthvalue median mode 
 layer_norm rms_norm group_norm batch_norm linear bilinear conv1d conv2d conv3d floor ceil round trunc frac eq ne
 lt le gt ge logical_and logical_or logical_not logical_xor bitwise_and bitwise_or bitwise_xor bitwise_not
 scatter scatter_add scatter_reduce index_add index_select index_put gather take put cross kron tensordot
-numpy tolist apply map map2 renorm dist cdist histc bincount unique nan_to_num
+numpy tolist apply_ map_ map2_ renorm dist cdist histc bincount unique nan_to_num
 """.split())
 _LINT_ORDER = ("lint_try_except", "lint_monkeypatch", "lint_forbidden_call", "lint_import", "lint_no_model",
                "lint_no_kernel", "lint_kernel_not_launched", "lint_torch_op")
@@ -205,10 +211,11 @@ class _Linter(ast.NodeVisitor):
         if not launched:
             self.flag("lint_kernel_not_launched", model["forward"],
                       f"kernels {sorted(kernels)} are never launched (kernel[grid](...)) from ModelNew.forward")
-        submodules = self._submodules(model.get("__init__"))
-        for key, fn in reachable.items():
-            if key != ("ModelNew", "__init__"):
-                self._torch_ops(fn, submodules if key[0] == "ModelNew" else set())
+        exempt = {id(n) for fn in [model.get("__init__"), *(funcs[k] for k in kernels)] if fn
+                  for stmt in fn.body for n in ast.walk(stmt)}
+        submodules = {f"self.{s}" for s in self._submodules(model.get("__init__"))}
+        for node in ast.walk(tree):
+            self._torch_ops(node, submodules, strict=id(node) not in exempt)
 
     def _reachable(self, funcs, classes, kernels) -> dict:
         """{(class or None, name): function node} for every method of ModelNew and everything they reach by
@@ -240,21 +247,28 @@ class _Linter(ast.NodeVisitor):
                     found |= {t.attr for t in node.targets if _dotted(t) == f"self.{getattr(t, 'attr', '')}"}
         return found
 
-    def _torch_ops(self, fn, submodules: set) -> None:
-        for node in ast.walk(fn):
-            if isinstance(node, (ast.BinOp, ast.AugAssign)) and isinstance(node.op, ast.MatMult):
-                self.flag("lint_torch_op", node, "@ (matmul) on tensors")
-            elif isinstance(node, (ast.Attribute, ast.Name)) and isinstance(node.ctx, ast.Load):
-                target = self.resolve(node)
-                if target and target.startswith("torch") and target not in _TORCH_OK | _TORCH_PREFIXES:
-                    self.flag("lint_torch_op", node, f"uses {target}")
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-                func, receiver = node.func, node.func.value
-                if _dotted(receiver) in {f"self.{s}" for s in submodules} or \
-                        _dotted(func) in {f"self.{s}" for s in submodules}:
-                    self.flag("lint_torch_op", node, f"calls torch module {ast.unparse(func)}")
-                elif func.attr.rstrip("_") in _COMPUTE_METHODS and self.resolve(receiver) is None:
-                    self.flag("lint_torch_op", node, f"tensor method .{func.attr}()")
+    def _torch_ops(self, node, submodules: set, strict: bool) -> None:
+        """Flag torch compute at one node. strict (everywhere but ModelNew.__init__ and kernel bodies): only
+        _TORCH_OK names, no `@`, no compute methods, no calls of torch submodules (self.linear(x)); else only
+        the names of _TORCH_INIT_OK."""
+        if isinstance(node, (ast.Attribute, ast.Name)) and isinstance(node.ctx, ast.Load):
+            target = self.resolve(node) or ""
+            allowed = _TORCH_OK if strict else _TORCH_INIT_OK
+            ok = target in allowed or any(a.startswith(target + ".") for a in allowed) or \
+                (not strict and target.startswith(_TORCH_INIT_PREFIXES))
+            if target.startswith("torch") and not ok:
+                self.flag("lint_torch_op", node, f"uses {target}")
+        if not strict:
+            return
+        if isinstance(node, (ast.BinOp, ast.AugAssign)) and isinstance(node.op, ast.MatMult):
+            self.flag("lint_torch_op", node, "@ (matmul) on tensors")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            func, receiver = node.func, node.func.value
+            if _dotted(receiver) in submodules or _dotted(func) in submodules:
+                self.flag("lint_torch_op", node, f"calls torch module {ast.unparse(func)}")
+            elif (func.attr in _COMPUTE_METHODS or func.attr.rstrip("_") in _COMPUTE_METHODS) and \
+                    self.resolve(receiver) is None:
+                self.flag("lint_torch_op", node, f"tensor method .{func.attr}()")
 
 
 def lint(code: str) -> tuple:

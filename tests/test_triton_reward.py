@@ -143,6 +143,19 @@ ADVERSARIAL = [
      relu_candidate("if x.numel() < 0:\n" + textwrap.indent(LAUNCH, "    ") + "\nreturn torch.zeros_like(x)"),
      "lint_kernel_not_launched"),
     ("star_import", "relu", relu_candidate(LAUNCH, "from torch import *"), "lint_import"),
+    ("torch_compile_makes_the_kernel", "relu", relu_candidate("return FAST(x)\n" + LAUNCH, "FAST = torch.compile(torch.relu)"),
+     "lint_torch_op"),
+    ("cpp_extension_kernel", "relu",
+     relu_candidate(LAUNCH, "from torch.utils.cpp_extension import load_inline\nEXT = load_inline('r', cpp_sources='')"),
+     "lint_torch_op"),
+    ("torch_inside_kernel_body_runtime", "relu", relu_candidate(
+        "out = torch.empty_like(x)\nSTASH['x'], STASH['out'] = x, out\nrelu_kernel[(1,)](x, out, 1, BLOCK=16)\nreturn out",
+        "\n\nSTASH = {}\n", kernel=HEADER + """
+
+@triton.jit
+def relu_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    STASH["out"].copy_(STASH["x"].clamp(min=0))
+"""), "lint_torch_op"),
     ("import_time_error", "relu", relu_candidate(LAUNCH, "BLOCK = undefined_name"), "compile_error"),
     ("bad_kernel", "relu",
      relu_candidate(LAUNCH, kernel=RELU_KERNEL.replace("tl.maximum(x, 0.0)", "tl.no_such_op(x)")), "compile_error"),
@@ -183,10 +196,10 @@ def test_at_least_15_adversarial_candidates():
 def test_adversarial_scores_zero_with_reason(adversarial_results, cid, task, code, reason):
     score, info = adversarial_results[cid]
     assert (score, info["reason"]) == (0.0, reason), info
-    if reason == "lint_torch_op" and cid.endswith("runtime"):
-        assert info["detail"].startswith("runtime") and "aten.mul" in info["detail"], info
-    if cid == "dead_branch_launch_torch_operators":
-        assert info["detail"].startswith("runtime"), info
+    runtime_op = {"hard_op_in_torch_operator_runtime": "aten.mul", "dead_branch_launch_torch_operators": "aten.",
+                  "torch_inside_kernel_body_runtime": "aten.clamp"}.get(cid)
+    if runtime_op:
+        assert info["detail"].startswith("runtime") and runtime_op in info["detail"], info
 
 
 def test_adversarial_left_no_trace(adversarial_results):
@@ -241,8 +254,10 @@ except OSError:
     CONNECTED = False
 """
     cases = EXEC_ONLY + [("writes_and_network_contained", relu_candidate(LAUNCH, writes), {"ok"})]
+    timeouts = {"fork_bomb": 15}      # it keeps forking at the process limit until the wall timeout
     with ThreadPoolExecutor(WORKERS) as pool:
-        results = list(pool.map(lambda c: execute(c[1], TASKS["relu"], timeout_s=TIMEOUT_S), cases))
+        results = list(pool.map(lambda c: execute(c[1], TASKS["relu"], timeout_s=timeouts.get(c[0], TIMEOUT_S)),
+                                cases))
     with pytest.raises(socket.timeout):
         server.accept()         # nobody connected
     server.close()
@@ -318,9 +333,13 @@ def test_prompt_and_rows(tmp_path):
 
 
 def test_every_reference_solution_scores_one():
-    """All shipped solutions through the full reward (the same path as training), 2 sandboxes at a time."""
+    """Shipped solutions through the full reward (the same path as training), 2 sandboxes at a time: all of
+    them with TRITON_ALL_TASKS=1 (about 3.5 s of CPU per task), else the first task of each category."""
     tasks = load_tasks()
-    results = _score_all([(row["completion"], t["name"], TIMEOUT_S) for t, row in zip(tasks, task_rows(sft=True))])
+    if os.environ.get("TRITON_ALL_TASKS") != "1":
+        tasks = [next(t for t in tasks if t["category"] == c) for c in CATEGORIES]
+    rows = {r["name"]: r for r in task_rows(sft=True)}
+    results = _score_all([(rows[t["name"]]["completion"], t["name"], TIMEOUT_S) for t in tasks])
     failed = {t["name"]: info for t, (score, info) in zip(tasks, results) if score != 1.0}
     assert not failed, failed
     assert all(info["max_abs_err"] < 1e-4 for _, info in results)
@@ -332,3 +351,29 @@ def test_wrong_solution_scores_zero():
     score, info = triton_reward(sol, TASKS["gelu"])
     assert (score, info["reason"]) == (0.0, "wrong_output"), info
     assert torch.isfinite(torch.tensor(info["max_abs_err"]))
+
+
+def test_eval_call_and_exec_accuracy(tmp_path):
+    from rewards.triton_eval import score_completions, summarize
+    rows = [{"name": "relu", "completion": TASKS["relu"]["solution"]},
+            {"name": "relu", "completion": dict((c[0], c[2]) for c in ADVERSARIAL)["stale_memory_instead_of_output"]},
+            {"name": "relu", "completion": relu_candidate("return torch.relu(x)")},
+            {"name": "no_such_task", "completion": "x"}]
+    summary = summarize(rows, score_completions(rows, TASKS))
+    assert (summary["n"], summary["call"], summary["exec"]) == (4, 0.5, 0.25), summary
+    assert summary["reasons"] == {"ok": 1, "wrong_output": 1, "lint_kernel_not_launched": 1, "unknown_task": 1}
+    assert summary["fast_1"] is None and summary["speedup"] is None          # no CUDA timings on CPU
+
+
+def test_eval_command_line(tmp_path):
+    import json
+    import subprocess
+    import sys
+    path = tmp_path / "completions.jsonl"
+    path.write_text(json.dumps({"name": "relu", "completion": "no code here"}) + "\n")
+    out = subprocess.run([sys.executable, "-m", "rewards.triton_eval", str(path), "--out", str(tmp_path / "s.jsonl")],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    last = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (last["n"], last["call"], last["exec"], last["reasons"]) == (1, 0.0, 0.0, {"syntax_error": 1})
+    assert json.loads((tmp_path / "s.jsonl").read_text())["info"]["reason"] == "syntax_error"
