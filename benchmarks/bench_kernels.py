@@ -7,8 +7,8 @@
 CPU (no CUDA): token_logprobs' chunked torch path against the naive path at N x V (default 4096 x 32000 fp32):
 forward (logp), forward+backward (logp) and forward+backward (logp + entropy). Time: median (p20, p80) over
 rounds that alternate the two paths, so both see the same load on a shared machine. Peak extra memory: each case
-in a fresh subprocess, peak RSS during the call (VmHWM reset just before) minus RSS before it (inputs allocated); the fwd+bwd
-figure includes the dlogits both paths must return, and "beyond dlogits" subtracts its N*V*elt bytes.
+in a fresh subprocess, peak RSS during the call (VmHWM reset just before) minus RSS before it (inputs allocated);
+the fwd+bwd figure includes the dlogits both paths must return, and "beyond dlogits" subtracts its N*V*elt bytes.
 CUDA: triton.testing.do_bench median (p20, p80) for T x V x dtype, forward-only and forward+backward, for the
 kernels (token_logprobs, two-kernel token_logprobs + ppo_loss, fused logits -> PPO loss), torch eager,
 torch.compile of the same naive code, and Liger-Kernel (selective log-softmax forward, triton_grpo_loss

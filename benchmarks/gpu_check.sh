@@ -16,7 +16,8 @@ if compgen -G ".whl/liger_kernel-*.whl" >/dev/null; then
 fi
 {
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
-    "$py" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.cuda.is_available())"
+    "$py" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__,
+              'cuda', torch.cuda.is_available())"
 } >"$out/env.txt" 2>&1
 timeout 180 "$py" -m pytest -q tests/test_kernels.py 2>&1 | tee "$out/tests.log"
 status=${PIPESTATUS[0]}

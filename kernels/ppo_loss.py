@@ -8,7 +8,8 @@ logp, old_logp, mask (B, T); adv (B,) or (B, T); ref_logp (B, T) or None. Per to
     l     = max(-adv * ratio, -adv * clamp(ratio, 1 - clip_low, 1 + clip_high))
     l     = min(l, -adv * dual_clip)  where adv < 0   (dual clip, dual_clip > 1, e.g. 10)
     l    += kl_coef * (exp(u) - u - 1),  u = clamp(ref - logp, -20, 20)          (k3 KL to the reference)
-loss = sum(w * l) with the aggregation weights w of agg_weights(); masked tokens contribute 0 (even if nan).
+loss = sum(w * l) with the aggregation weights w of agg_weights(); masked tokens contribute 0, to the loss, its
+gradient and the stats, whatever they hold (nan included).
 Gradient w.r.t. logp only; old_logp, adv, ref_logp are constants.
 stats (python floats, over valid tokens): clip_frac (tokens whose gradient a clip cut: upper/lower/dual),
 approx_kl (mean of old - logp), ratio_mean, ratio_max.
@@ -46,18 +47,17 @@ def agg_weights(mask: torch.Tensor, agg: str) -> torch.Tensor:
 def ppo_stats(ratio, clipped, logp, old_logp, mask, ent=None) -> dict:
     """Python floats over valid tokens: clip_frac, approx_kl, ratio_mean, ratio_max (+ entropy if ent is given);
     0 where no token is valid. One device sync."""
-    m = (mask > 0).float()  # (B, T)
-    n = m.sum().clamp(min=1)
-    ratio = ratio.detach()
-    vals = [
-        (clipped.float() * m).sum() / n,
-        ((old_logp - logp.detach()) * m).sum() / n,
-        (ratio * m).sum() / n,
-        torch.where(m > 0, ratio, 0.0).max(),
-    ]
+    valid = mask > 0  # (B, T)
+    n = valid.sum().clamp(min=1)
+
+    def masked(x):  # (B, T) with 0 at masked tokens, whatever they hold
+        return torch.where(valid, x.detach().float(), 0.0)
+
+    vals = [masked(clipped).sum() / n, masked(old_logp - logp).sum() / n, masked(ratio).sum() / n,
+            masked(ratio).max()]
     keys = STAT_KEYS if ent is None else STAT_KEYS + ("entropy",)
     if ent is not None:
-        vals.append((ent.detach() * m).sum() / n)
+        vals.append(masked(ent).sum() / n)
     return dict(zip(keys, torch.stack(vals).tolist()))
 
 
@@ -171,7 +171,7 @@ def ppo_loss_terms(logp, old_logp, adv, mask, clip_low=0.2, clip_high=0.28, dual
     if use_triton(impl, logp):
         return _TritonPPOLoss.apply(logp, old, adv, ref, w, clip_low, clip_high, dual_clip, kl_coef)
     tok, ratio, clipped = _token_loss_torch(logp.float(), old.float(), adv, ref, clip_low, clip_high, dual_clip,
-                                            kl_coef)
+                                            kl_coef)  # the clamps stop nan gradients from masked tokens
     return torch.where(w > 0, w * tok, 0.0).sum(), ratio, clipped
 
 

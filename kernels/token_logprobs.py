@@ -9,10 +9,11 @@ Gradients w.r.t. logits (dz = dlogits * temperature):
     dz_ij = g_logp_i * (1[j = t_i] - p_ij)  -  g_ent_i * p_ij * (log p_ij + ent_i)
 Each row needs at least one finite logit; -inf logits (masked vocabulary) are fine.
 
-Triton path: one program per row. Forward reads the row once: online softmax in base 2 (a = x * log2(e) / temperature,
-the temperature folded into the scale, logits / temperature never written), running max m, s = sum 2^(a - m) and
-w = sum 2^(a - m) (a - m), so ent = ln2 (log2 s - w / s) needs no per-element log. It saves only lse2 = m + log2 s
-(and ent) per row: 4 (8) bytes a token. Backward reads the row once and writes dlogits once, in fp32 arithmetic.
+Triton path: one program per row. Forward reads the row once: online softmax in base 2 (a = x * log2(e) /
+temperature: the temperature is folded into the scale, logits / temperature is never written), running max m,
+s = sum 2^(a - m) and w = sum 2^(a - m) (a - m), so ent = ln2 (log2 s - w / s) needs no per-element log. It saves
+only lse2 = m + log2 s (and ent) per row: 4 (8) bytes a token. Backward reads the row once and writes dlogits
+once, in fp32 arithmetic.
 Torch path: row chunks of about _CHUNK_ELEMS logits, so its extra memory is O(chunk * V) instead of an (N, V)
 fp32 copy; backward recomputes p per chunk from the saved per-row lse.
 """
@@ -132,7 +133,7 @@ def row_lse_ent(row_ptr, V, scale2, BLOCK_V: tl.constexpr, WITH_ENT: tl.constexp
 
 @jit
 def row_grad(row_ptr, drow_ptr, V, tgt, scale2, lse2, ent, g_logp, g_ent, BLOCK_V: tl.constexpr,
-              WITH_ENT: tl.constexpr):
+             WITH_ENT: tl.constexpr):
     """One read, one write: drow_j = (g_logp (1[j = tgt] - p_j) - g_ent p_j (log p_j + ent)) / temperature."""
     inv_temp = scale2 * LN2
     for start in range(0, V, BLOCK_V):
@@ -182,7 +183,7 @@ def _token_logprobs_bwd(x_ptr, dx_ptr, tgt_ptr, lse2_ptr, ent_ptr, g_logp_ptr, g
         ent = tl.load(ent_ptr + row)
         g_ent = tl.load(g_ent_ptr + row)
     row_grad(row_ptr(x_ptr, T, stride_b, stride_t), dx_ptr + row * V, V, tl.load(tgt_ptr + row), scale2,
-              tl.load(lse2_ptr + row), ent, tl.load(g_logp_ptr + row), g_ent, BLOCK_V, WITH_ENT)
+             tl.load(lse2_ptr + row), ent, tl.load(g_logp_ptr + row), g_ent, BLOCK_V, WITH_ENT)
 
 
 MAX_BLOCK_V = 4096  # vocabulary block of the row loops (tests lower it to cover several blocks and a ragged tail)

@@ -259,6 +259,22 @@ def test_ppo_loss_all_masked(impl):
         assert stats == dict(clip_frac=0.0, approx_kl=0.0, ratio_mean=0.0, ratio_max=0.0)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_ppo_loss_ignores_masked_garbage(impl):
+    """nan / -inf log-probs at masked tokens change nothing: same loss, gradient and stats as clean inputs."""
+    logp, old, adv, ref, mask = make_ppo_inputs(4, 9, True)
+    dirty = torch.where(mask > 0, logp, torch.tensor(float("nan")).to(DEV))
+    dirty[tuple((mask == 0).nonzero()[0])] = float("-inf")
+    out = []
+    for lp in (logp, dirty):
+        lp = lp.clone().requires_grad_(True)
+        loss, stats = ppo_loss(lp, old, adv, mask, dual_clip=3.0, ref_logp=ref, kl_coef=0.1, impl=impl)
+        (g,) = torch.autograd.grad(loss, lp)
+        out.append((loss, g, stats))
+    assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])
+    assert out[0][2] == out[1][2]
+
+
 def test_bad_arguments():
     logp, old, adv, _, mask = make_ppo_inputs(2, 3, False)
     with pytest.raises(ValueError, match="agg"):
