@@ -133,8 +133,10 @@ def run_cpu(args) -> dict:
         row["mem_vs_naive"] = round(mem / naive_mem, 3)
     print_table(rows, ["case", "impl", "ms", "p20", "p80", "peak_extra_MB", "beyond_dlogits_MB", "time_vs_naive",
                        "mem_vs_naive"])
+    goal = {f"{r['case']} {k}": r[k] for r in rows if r["impl"] == "torch-chunked"
+            for k in ("time_vs_naive", "mem_vs_naive")}  # issue 3: mem <= 0.25 at time <= 1.2
     return dict(device=f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
-                shapes=dict(N=args.n, V=args.v, dtype=args.dtype), results=rows)
+                shapes=dict(N=args.n, V=args.v, dtype=args.dtype), goals=goal, results=rows)
 
 
 # ---------------------------------------------------------------- CUDA
@@ -245,7 +247,34 @@ def run_cuda(args) -> dict:
         torch.cuda.empty_cache()
     print_table(rows, ["dtype", "T", "V", "impl", "mode", "ms", "p20", "p80", "GBps", "pct_copy_bw", "peak_extra_MB",
                        "status"])
-    return dict(device=torch.cuda.get_device_name(), copy_GBps=round(bw, 1), results=rows)
+    return dict(device=torch.cuda.get_device_name(), copy_GBps=round(bw, 1), goals=cuda_goals(rows, head, bw),
+                results=rows)
+
+
+def cuda_goals(rows, head, bw) -> dict:
+    """Issue 3's GPU goals at the head shape, from the measured rows (None where a case did not run)."""
+    T, V, dname = head
+    at = {(r["impl"], r["mode"]): r for r in rows if (r["T"], r["V"], r["dtype"]) == (T, V, dname)
+          and r.get("status") == "ok"}
+
+    def get(impl, mode, key):
+        return at.get((impl, mode), {}).get(key)
+
+    def ratio(a, b):
+        return None if a is None or b is None else round(a / b, 3)
+
+    logits_bytes = T * V * DTYPES[dname].itemsize
+    peak = get("kernels", "fwd+bwd", "peak_extra_MB")
+    return {
+        "fwd_pct_copy_bw (>= 85)": get("kernels", "fwd", "pct_copy_bw"),
+        "fwd_bwd_vs_read_write_bound (<= 1.3)": ratio(get("kernels", "fwd+bwd", "ms"), 2 * logits_bytes / bw / 1e6),
+        "liger_grpo_over_kernels_fwd_bwd (>= 1.5)": ratio(get("liger-grpo", "fwd+bwd", "ms"),
+                                                          get("kernels", "fwd+bwd", "ms")),
+        "liger_grpo_over_fused_ppo (>= 1.5)": ratio(get("liger-grpo", "fwd+bwd", "ms"),
+                                                    get("kernels-fused-ppo", "fwd+bwd", "ms")),
+        "extra_bytes_per_token_beyond_dlogits (<= 16)": None if peak is None else
+        round((peak * 2**20 - logits_bytes) / T, 1),
+    }
 
 
 def print_table(rows, cols) -> None:
