@@ -70,7 +70,8 @@ def _discount_combine(v1, g1, v2, g2):
 
 @jit
 def _discounted_scan_kernel(x_ptr, m_ptr, out_ptr, T, gamma, BLOCK_T: tl.constexpr, REVERSE: tl.constexpr):
-    """Row program: y_k = m_k (m_k x_k + gamma y_(k-1)) in scan order (t = T-1 .. 0 if REVERSE else 0 .. T-1)."""
+    """Row program: y_k = m_k x_k + gamma y_(k-1), out_k = m_k y_k, k in scan order (t = T-1 .. 0 if REVERSE
+    else 0 .. T-1)."""
     row = tl.program_id(0).to(tl.int64)
     k = tl.arange(0, BLOCK_T)
     carry = 0.0  # unmasked y of the last token of the previous chunk, in scan order

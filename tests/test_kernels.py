@@ -88,7 +88,7 @@ def ref_stats(logp, old, r, clipped, mask):
 
 
 def ref_returns(r, mask, gamma):
-    """Python loop over t: G_t = m_t (m_t r_t + gamma G_(t+1))."""
+    """Python loop over t: run_t = m_t r_t + gamma run_(t+1), G_t = m_t run_t."""
     G, run = torch.zeros_like(r), torch.zeros_like(r[:, 0])
     for t in reversed(range(r.shape[1])):
         run = mask[:, t] * r[:, t] + gamma * run
