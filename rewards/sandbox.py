@@ -269,7 +269,7 @@ def run_python(script: str, files: dict | None = None, *, timeout_s: float = 60.
         stdout, big_out = _read_capped(os.path.join(outdir, "stdout"), max_output)
         stderr, big_err = _read_capped(os.path.join(outdir, "stderr"), max_output)
         if problem is None and rc is not None and 128 < rc < 128 + signal.NSIG:
-            rc = 128 - rc            # bwrap exits 128+N when its child dies of signal N (a real exit 137 reads the same)
+            rc = 128 - rc       # bwrap exits 128+N when its child dies of signal N (so does a real exit 128+N)
         sig = _signal_name(-rc) if rc is not None and rc < 0 else None
         if status == "ok":
             status = ("signal" if sig else "output_too_large" if big_out or big_err else

@@ -111,7 +111,7 @@ class _Linter(ast.NodeVisitor):
         self._structure(tree)
 
     def flag(self, reason: str, node, what: str) -> None:
-        self.problems.append((reason, f"line {getattr(node, 'lineno', '?')}: {what}"))
+        self.problems.append((reason, f"line {node.lineno}: {what}" if hasattr(node, "lineno") else what))
 
     def resolve(self, node) -> str | None:
         """Dotted name with its root import alias expanded (tl.load -> triton.language.load); None if the
@@ -210,7 +210,7 @@ class _Linter(ast.NodeVisitor):
                     and isinstance(node.func.value, ast.Name) and node.func.value.id in kernels}
         if not launched:
             self.flag("lint_kernel_not_launched", model["forward"],
-                      f"kernels {sorted(kernels)} are never launched (kernel[grid](...)) from ModelNew.forward")
+                      f"kernels {sorted(kernels)} are never launched (kernel[grid](...)) from ModelNew")
         exempt = {id(n) for fn in [model.get("__init__"), *(funcs[k] for k in kernels)] if fn
                   for stmt in fn.body for n in ast.walk(stmt)}
         submodules = {f"self.{s}" for s in self._submodules(model.get("__init__"))}
@@ -254,9 +254,8 @@ class _Linter(ast.NodeVisitor):
         if isinstance(node, (ast.Attribute, ast.Name)) and isinstance(node.ctx, ast.Load):
             target = self.resolve(node) or ""
             allowed = _TORCH_OK if strict else _TORCH_INIT_OK
-            ok = target in allowed or any(a.startswith(target + ".") for a in allowed) or \
-                (not strict and target.startswith(_TORCH_INIT_PREFIXES))
-            if target.startswith("torch") and not ok:
+            if target.startswith("torch") and not (target in allowed or any(a.startswith(target + ".") for a in allowed)
+                                                   or not strict and target.startswith(_TORCH_INIT_PREFIXES)):
                 self.flag("lint_torch_op", node, f"uses {target}")
         if not strict:
             return

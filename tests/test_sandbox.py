@@ -193,6 +193,7 @@ def test_nonsense_script_is_a_result_and_bad_file_names_a_caller_error():
 
 @pytest.mark.parametrize("use_bwrap", [pytest.param(True, marks=needs_bwrap), False])
 def test_read_back_takes_only_regular_files(use_bwrap):
-    script = "import os\nos.symlink('/etc/passwd', 'link')\nos.mkfifo('fifo')\nos.mkdir('dir')\nopen('ok', 'w').write('1')"
+    script = ("import os\nos.symlink('/etc/passwd', 'link')\nos.mkfifo('fifo')\nos.mkdir('dir')\n"
+              "open('ok', 'w').write('1')")
     res = run_python(script, read_back=("link", "fifo", "dir", "ok"), use_bwrap=use_bwrap)
     assert res.status == "ok" and res.files == {"ok": b"1"}, res

@@ -143,13 +143,14 @@ ADVERSARIAL = [
      relu_candidate("if x.numel() < 0:\n" + textwrap.indent(LAUNCH, "    ") + "\nreturn torch.zeros_like(x)"),
      "lint_kernel_not_launched"),
     ("star_import", "relu", relu_candidate(LAUNCH, "from torch import *"), "lint_import"),
-    ("torch_compile_makes_the_kernel", "relu", relu_candidate("return FAST(x)\n" + LAUNCH, "FAST = torch.compile(torch.relu)"),
-     "lint_torch_op"),
+    ("torch_compile_makes_the_kernel", "relu",
+     relu_candidate("return FAST(x)\n" + LAUNCH, "FAST = torch.compile(torch.relu)"), "lint_torch_op"),
     ("cpp_extension_kernel", "relu",
-     relu_candidate(LAUNCH, "from torch.utils.cpp_extension import load_inline\nEXT = load_inline('r', cpp_sources='')"),
-     "lint_torch_op"),
+     relu_candidate(LAUNCH, "from torch.utils.cpp_extension import load_inline\n"
+                            "EXT = load_inline('r', cpp_sources='')"), "lint_torch_op"),
     ("torch_inside_kernel_body_runtime", "relu", relu_candidate(
-        "out = torch.empty_like(x)\nSTASH['x'], STASH['out'] = x, out\nrelu_kernel[(1,)](x, out, 1, BLOCK=16)\nreturn out",
+        "out = torch.empty_like(x)\nSTASH['x'], STASH['out'] = x, out\n"
+        "relu_kernel[(1,)](x, out, 1, BLOCK=16)\nreturn out",
         "\n\nSTASH = {}\n", kernel=HEADER + """
 
 @triton.jit
@@ -294,7 +295,8 @@ def test_linter_follows_helpers_and_autograd_functions():
 
 
 def test_linter_allows_torch_in_init_only():
-    init = relu_candidate(LAUNCH).replace("super().__init__()", "super().__init__()\n        self.w = torch.randn(3).exp()")
+    init = relu_candidate(LAUNCH).replace("super().__init__()",
+                                          "super().__init__()\n        self.w = torch.randn(3).exp()")
     assert lint(init) == (None, "")
     assert lint(relu_candidate("y = torch.exp(x)\n" + LAUNCH))[0] == "lint_torch_op"
 

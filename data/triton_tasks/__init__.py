@@ -73,7 +73,8 @@ The new architecture with a Triton kernel is:
 Rules: every computation of the output must happen inside @triton.jit kernels launched from ModelNew.forward;
 torch may only allocate tensors (torch.empty, torch.empty_like, torch.zeros, ...) and reshape or view them.
 Keep the parameters of Model under the same names so they can be loaded into ModelNew. Import only torch,
-torch.nn, triton, triton.language, math. No try/except, no torch.nn.functional, no `@` matrix product, no tensor math methods (x.sum(), ...).
+torch.nn, triton, triton.language, math. No try/except, no torch.nn.functional, no `@` matrix product, no
+tensor math methods (x.sum(), ...).
 
 You are given the following architecture:
 ```python

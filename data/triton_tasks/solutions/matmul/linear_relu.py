@@ -32,6 +32,7 @@ class ModelNew(nn.Module):
         M, K = x.shape
         N = self.linear.weight.shape[0]
         y = torch.empty((M, N), device=x.device, dtype=x.dtype)
-        linear_relu_kernel[(triton.cdiv(M, 16), triton.cdiv(N, 16))](x, self.linear.weight, self.linear.bias, y, M, N, K,
-                                                            BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
+        grid = (triton.cdiv(M, 16), triton.cdiv(N, 16))
+        linear_relu_kernel[grid](x, self.linear.weight, self.linear.bias, y, M, N, K,
+                                 BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
         return y
