@@ -24,7 +24,7 @@ install: .venv/.installed
 
 # Data + tokenizer + random-init tiny model, SFT warm-up, then GRPO (CoPRIS rollout) on 2 ranks.
 demo: install
-	$(PY) -m data.arithmetic --out $(DEMO)/data --train 20000 --sft 40000 --eval 256
+	$(PY) -m data.arithmetic --out $(DEMO)/data --train 20000 --sft 40000 --eval 1000
 	$(PY) -m data.tiny_model --corpus $(DEMO)/data/sft.jsonl --out $(DEMO)/model
 	$(TORCHRUN) --nproc_per_node 2 trainer.py --config configs/demo_sft.yaml
 	$(TORCHRUN) --nproc_per_node 2 trainer.py --config configs/demo.yaml

@@ -44,10 +44,10 @@ def make_problem(rng: random.Random, max_steps: int = 12, p_stop: float = 0.55,
     return {"task": "math", "prompt": prompt, "answer": str(total), "solution": solution}
 
 
-def make_split(n: int, seed: int, start_id: int = 0) -> list[dict]:
+def make_split(n: int, seed: int, start_id: int = 0, p_stop: float = 0.55) -> list[dict]:
     """n problems from a seeded generator; ids start_id, start_id+1, ..."""
     rng = random.Random(seed)
-    return [{"id": start_id + i, **make_problem(rng)} for i in range(n)]
+    return [{"id": start_id + i, **make_problem(rng, p_stop=p_stop)} for i in range(n)]
 
 
 def write_jsonl(rows: list[dict], path: Path) -> None:
@@ -57,11 +57,14 @@ def write_jsonl(rows: list[dict], path: Path) -> None:
             f.write(json.dumps(r) + "\n")
 
 
-def write_demo_data(out: Path, n_train: int, n_sft: int, n_eval: int, seed: int = 0) -> None:
-    """rl_train.jsonl / eval.jsonl (prompt, answer) and sft.jsonl (prompt, completion)."""
-    train = make_split(n_train, seed, 0)
+def write_demo_data(out: Path, n_train: int, n_sft: int, n_eval: int, seed: int = 0,
+                    rl_p_stop: float = 0.35) -> None:
+    """rl_train.jsonl / eval.jsonl (prompt, answer) and sft.jsonl (prompt, completion). SFT problems
+    are mostly short (p_stop 0.55, mean 1.8 steps); RL and held-out ones lean longer (rl_p_stop,
+    mean 2.9 steps at 0.35): RL works where the SFT model is right only some of the time."""
+    train = make_split(n_train, seed, 0, rl_p_stop)
     sft = make_split(n_sft, seed + 1, n_train)
-    held_out = make_split(n_eval, seed + 2, n_train + n_sft)
+    held_out = make_split(n_eval, seed + 2, n_train + n_sft, rl_p_stop)
     seen = {r["prompt"] for r in train} | {r["prompt"] for r in sft}
     held_out = [r for r in held_out if r["prompt"] not in seen]
     write_jsonl(train, out / "rl_train.jsonl")
