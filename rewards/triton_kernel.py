@@ -35,6 +35,7 @@ import builtins
 import io
 import json
 import os
+import threading
 import time
 from collections import OrderedDict
 
@@ -47,6 +48,7 @@ _HARNESS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "triton
 _SCRIPT = "import triton_harness; triton_harness.main()"
 _REF_CACHE_SIZE = 256
 _ref_cache: "OrderedDict[tuple, dict]" = OrderedDict()   # (reference_code, device) -> parsed ref.pt
+_ref_lock = threading.Lock()                              # triton_eval scores from threads
 
 _ALLOWED_MODULES = ("torch", "torch.nn", "triton", "triton.language", "math", "typing", "functools",
                     "__future__")
@@ -308,15 +310,17 @@ def _sandbox(files: dict, role: str, device: str, timeout_s: float, out: str):
 def _reference(reference_code: str, device: str) -> tuple:
     """(parsed ref.pt, None) for the task's reference, cached per (code, device); (None, why) on failure."""
     key = (reference_code, device)
-    if key in _ref_cache:
-        _ref_cache.move_to_end(key)
-        return _ref_cache[key], None
+    with _ref_lock:
+        if key in _ref_cache:
+            _ref_cache.move_to_end(key)
+            return _ref_cache[key], None
     res, ref = _sandbox({"reference.py": reference_code}, "reference", device, REFERENCE_TIMEOUT_S, "ref.pt")
     if ref is None:
         return None, f"{res.status}: {res.stderr[-1000:]}"
-    _ref_cache[key] = ref
-    if len(_ref_cache) > _REF_CACHE_SIZE:
-        _ref_cache.popitem(last=False)
+    with _ref_lock:
+        _ref_cache[key] = ref
+        if len(_ref_cache) > _REF_CACHE_SIZE:
+            _ref_cache.popitem(last=False)
     return ref, None
 
 
