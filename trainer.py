@@ -55,10 +55,11 @@ class CoprisConfig:
 
 @dataclass
 class Config:
-    mode: str = "rl"  # rl | sft
+    mode: str = "rl"  # rl | sft | eval (held-out metrics of model_path on eval_data, nothing trained)
     model_path: str = ""  # local HF model folder (config.json, safetensors, tokenizer files)
-    train_data: str = ""  # jsonl; rl rows: prompt, answer (task: math); sft rows: prompt, completion
-    eval_data: str = ""  # held-out jsonl (prompt, answer); "" = no evaluation
+    train_data: str = ""  # .jsonl or .parquet; rl rows: prompt, answer (task: math) or verl's layout; sft: prompt, completion
+    eval_data: str = ""  # held-out rows like train_data (per data_source metrics); "" = no evaluation
+    chat_template: bool = True  # wrap prompts in the tokenizer's chat template when it has one
     run_dir: str = "runs/default"  # metrics.jsonl, config.yaml, export/ and plots go here
     seed: int = 0  # data order, sampling seeds, init
     max_prompt_len: int = 256  # prompts longer than this (tokens) are skipped and counted
@@ -91,13 +92,16 @@ class Config:
     keep_checkpoints: int = 2  # complete checkpoints kept (oldest deleted)
     resume: str = "off"  # off | auto (newest complete checkpoint in run_dir, if any) | path to a checkpoint
     max_skipped_updates: int = 3  # stop with an error after this many consecutive non-finite updates
+    tensorboard: bool = False  # also log to run_dir/tb (needs tensorboard installed)
+    wandb_project: str = ""  # also log to this wandb project ("" = off; needs wandb installed)
+    peak_tflops: float = 989.0  # per-GPU dense bf16 peak for MFU (H100/H200 SXM: 989)
     reward_workers: int = 1  # reward processes per rank
     reward_timeout_s: float = 10.0  # wall limit per sample; over it scores 0 and is counted
     engine: EngineConfig = field(default_factory=EngineConfig)
     copris: CoprisConfig = field(default_factory=CoprisConfig)
 
 
-CHOICES = {"mode": {"rl", "sft"}, "advantage": {"grpo", "rloo"},
+CHOICES = {"mode": {"rl", "sft", "eval"}, "advantage": {"grpo", "rloo"},
            "loss_agg": {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum"},
            "copris.old_logprob_source": {"trainer", "rollout"}}
 
@@ -191,10 +195,12 @@ def validate_config(cfg: Config) -> None:
         raise ConfigError("model_path is required (a local HF model folder)")
     if not (Path(cfg.model_path) / "config.json").is_file():
         raise ConfigError(f"model_path {cfg.model_path!r}: no config.json there (not a local HF model folder)")
-    for key in ("train_data",) + (("eval_data",) if cfg.eval_data else ()):
+    for key in (() if cfg.mode == "eval" else ("train_data",)) + (("eval_data",) if cfg.eval_data else ()):
         if not Path(getattr(cfg, key)).is_file():
             raise ConfigError(f"{key} {getattr(cfg, key)!r}: no such file")
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    if cfg.mode == "eval" and not cfg.eval_data:
+        raise ConfigError("mode: eval needs eval_data")
     if cfg.mode == "rl" and cfg.batch_groups % world:
         raise ConfigError(f"batch_groups={cfg.batch_groups} is not divisible by the {world} ranks")
     if cfg.mode == "rl" and cfg.copris.enabled and cfg.copris.concurrency > cfg.engine.max_num_seqs:
@@ -264,38 +270,68 @@ REQUIRED_KEYS = {"rl": ("prompt",), "sft": ("prompt", "completion")}
 TASK_KEYS = {"math": ("answer",), "code": ("tests",), "triton": ("reference_code",)}
 
 
-def load_rows(path: str, mode: str) -> list[dict]:
-    """Read a jsonl file; a malformed row is an error naming the file and line."""
-    rows = []
+def read_records(path: str):
+    """(line or row number, record) from a .jsonl or .parquet file; bad JSON names its line."""
+    if path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+        yield from enumerate(pq.read_table(path).to_pylist(), 1)
+        return
     with open(path) as f:
         for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise ConfigError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-            needed = REQUIRED_KEYS[mode] + (TASK_KEYS.get(row.get("task", "math"), ()) if mode == "rl" else ())
-            if mode == "rl" and row.get("task", "math") not in TASK_KEYS:
-                raise ConfigError(f"{path}:{lineno}: unknown task {row.get('task')!r} (one of {sorted(TASK_KEYS)})")
-            for k in needed:
-                if k not in row:
-                    raise ConfigError(f"{path}:{lineno}: missing key {k!r}")
-            if not isinstance(row["prompt"], str) or not row["prompt"]:
-                raise ConfigError(f"{path}:{lineno}: 'prompt' must be a non-empty string")
-            rows.append(row)
+            if line.strip():
+                try:
+                    yield lineno, json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ConfigError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+
+
+def normalize_row(row, where: str, mode: str) -> dict:
+    """Our layout {prompt, answer | tests | reference_code, task} or verl's {prompt: [chat messages],
+    reward_model: {ground_truth}, data_source} -> ours (prompt may stay a message list).
+    Anything malformed is an error naming `where` (file:line) and the problem."""
+    if not isinstance(row, dict):
+        raise ConfigError(f"{where}: expected an object, got {type(row).__name__}")
+    if "reward_model" in row:
+        rm = row["reward_model"]
+        if not isinstance(rm, dict) or "ground_truth" not in rm:
+            raise ConfigError(f"{where}: reward_model must be an object with 'ground_truth' (verl layout)")
+        row = {**row, "answer": str(rm["ground_truth"])}
+    task = row.get("task", "math")
+    if mode == "rl" and task not in TASK_KEYS:
+        raise ConfigError(f"{where}: unknown task {task!r} (one of {sorted(TASK_KEYS)})")
+    for k in REQUIRED_KEYS[mode] + (TASK_KEYS[task] if mode == "rl" else ()):
+        if k not in row:
+            raise ConfigError(f"{where}: missing key {k!r}")
+    prompt = row["prompt"]
+    is_chat = isinstance(prompt, list) and prompt and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt)
+    if not (isinstance(prompt, str) and prompt) and not is_chat:
+        raise ConfigError(f"{where}: 'prompt' must be a non-empty string or a list of {{role, content}} messages")
+    return {**row, "task": task, "data_source": str(row.get("data_source", "default"))}
+
+
+def load_rows(path: str, mode: str) -> list[dict]:
+    """Rows of a .jsonl or .parquet file, normalised; a malformed row is an error naming file and row."""
+    rows = [normalize_row(rec, f"{path}:{n}", mode) for n, rec in read_records(path)]
     if not rows:
         raise ConfigError(f"{path}: no rows")
     return rows
 
 
-def tokenize_prompts(rows: list[dict], tok, max_len: int) -> tuple[list[dict], int]:
+def prompt_text(prompt, tok, chat_template: bool) -> str:
+    """A string prompt, or chat messages, as the text the model sees: through the tokenizer's chat
+    template when it has one and `chat_template` is on; otherwise messages' contents joined."""
+    if chat_template and getattr(tok, "chat_template", None):
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
+
+
+def tokenize_prompts(rows: list[dict], tok, max_len: int, chat_template: bool) -> tuple[list[dict], int]:
     """Adds row['prompt_ids']; drops rows whose prompt is over max_len tokens. -> (kept, skipped)."""
     kept = []
     for row in rows:
-        ids = tok(row["prompt"], add_special_tokens=False)["input_ids"]
+        ids = tok(prompt_text(row["prompt"], tok, chat_template), add_special_tokens=False)["input_ids"]
         if len(ids) <= max_len:
             kept.append({**row, "prompt_ids": ids})
     return kept, len(rows) - len(kept)
@@ -451,6 +487,7 @@ class Run:
     policy_version: int = 0  # optimizer steps taken
     engine_version: int = 0  # policy version the engine's weights hold
     counters: dict = field(default_factory=dict)  # run totals (reward timeouts, skipped updates...)
+    sinks: list = field(default_factory=list)  # rank 0: extra metric sinks (tensorboard, wandb): f(metrics)
 
 
 def make_optimizer(cfg: Config, model, total_steps: int):
@@ -625,8 +662,18 @@ def rl_step(run: Run, step: int, advantage_fn) -> dict:
                     reasons.get("timeout", 0), reasons.get("crash", 0) + reasons.get("error", 0),
                     sum(len(tr.tokens) for g in run.scheduler.buffer for tr in g.samples)], run.device)
     n = sums[1]
+    every = [None] * run.world
+    dist.all_gather_object(every, lengths)
+    every = sorted(x for part in every for x in part)
+    extra = {}
+    if run.device.type == "cuda":  # model FLOPs: 6 N per trained token, 2 N per generated / re-scored token
+        n_params = sum(p.numel() for p in run.policy.parameters())
+        flops = n_params * (6 * sums[2] + 2 * (sums[4] + sums[2]))
+        extra = {"mfu": flops / (sum(t.s.values()) * run.world * cfg.peak_tflops * 1e12),
+                 "gpu_mem_peak_gb": torch.cuda.max_memory_allocated() / 2**30}
     return {"step": step, "reward": sums[0] / n, "response_len": sums[2] / n,
-            "response_len_max": all_max(max(lengths), run.device),
+            "response_len_p50": every[len(every) // 2], "response_len_p90": every[int(len(every) * 0.9)],
+            "response_len_max": every[-1], **extra,
             "truncated_frac": sums[3] / n, "rollout_tokens": sums[4], "off_policy_token_frac": sums[5] / max(1, sums[2]),
             "reward_timeouts": sums[6], "reward_errors": sums[7], "buffer_tokens": sums[8],
             "rollout_tok_per_s": sums[5] / max(1e-9, t.s["rollout"]), "max_in_flight": rstats.max_in_flight,
@@ -646,29 +693,60 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 @torch.no_grad()
-def evaluate(run: Run) -> dict:
-    """Held-out accuracy: greedy, mean@k and pass@k (k = eval_samples, sampled at `temperature`)."""
+def evaluate(run: Run, samples_out: Path | None = None) -> dict:
+    """Held-out accuracy per data_source and overall: greedy, mean@k and pass@k (unbiased), with
+    k = eval_samples completions sampled at `temperature`. Each rank evaluates its share of the rows.
+    samples_out: rank 0 writes every completion with its score there (jsonl)."""
     cfg, k = run.cfg, run.cfg.eval_samples
     push_weights_if_stale(run)
     rows = run.eval_rows[run.rank::run.world]
     eos = [run.tok.eos_token_id]
     prompts, params = [], []
     for i, row in enumerate(rows):
-        prompts.append(row["prompt_ids"])
+        prompts += [row["prompt_ids"]] * (k + 1)
         params.append(run.engine.sampling(cfg.max_response_len, 0.0, 1.0, None, eos))
-        for j in range(k):
-            prompts.append(row["prompt_ids"])
-            params.append(run.engine.sampling(cfg.max_response_len, cfg.temperature, cfg.top_p,
-                                              cfg.seed * 7919 + i * 131 + j, eos))
-    outs = run.engine.generate(prompts, params)
-    scores = run.pool.score([(row, run.tok.decode(outs[i * (k + 1) + j][0], skip_special_tokens=True))
-                             for i, row in enumerate(rows) for j in range(k + 1)])
-    greedy = sum(scores[i * (k + 1)][0] for i in range(len(rows)))
-    sampled = [sum(scores[i * (k + 1) + 1 + j][0] for j in range(k)) for i in range(len(rows))]
-    tot = all_sum([greedy, sum(sampled), sum(pass_at_k(k, int(c), k) for c in sampled), len(rows)], run.device)
+        params += [run.engine.sampling(cfg.max_response_len, cfg.temperature, cfg.top_p, cfg.seed * 7919 + i * 131 + j,
+                                       eos) for j in range(k)]
+    texts = [run.tok.decode(toks, skip_special_tokens=True) for toks, _ in run.engine.generate(prompts, params)]
+    scores = run.pool.score([(rows[i // (k + 1)], t) for i, t in enumerate(texts)])
+    sources = sorted({r["data_source"] for r in run.eval_rows})
+    sums = [0.0] * (4 * len(sources))  # per source: greedy, sampled correct, pass@k, rows
+    for i, row in enumerate(rows):
+        s = scores[i * (k + 1):(i + 1) * (k + 1)]
+        c = sum(x for x, _ in s[1:])
+        base = 4 * sources.index(row["data_source"])
+        for j, v in enumerate((s[0][0], c, pass_at_k(k, int(c), k), 1)):
+            sums[base + j] += v
+    tot = all_sum(sums, run.device)
+    if samples_out is not None:
+        mine = [{"id": row.get("id"), "data_source": row["data_source"], "kind": "greedy" if j == 0 else "sample",
+                 "completion": texts[i * (k + 1) + j], "score": scores[i * (k + 1) + j][0],
+                 "reason": scores[i * (k + 1) + j][1].get("reason")} for i, row in enumerate(rows) for j in range(k + 1)]
+        gathered = [None] * run.world
+        dist.all_gather_object(gathered, mine)
+        if run.rank == 0:
+            samples_out.write_text("".join(json.dumps(r) + "\n" for part in gathered for r in part))
     run.engine.sleep()
-    return {"eval/greedy_acc": tot[0] / tot[3], f"eval/mean@{k}": tot[1] / (tot[3] * k),
-            f"eval/pass@{k}": tot[2] / tot[3]}
+
+    def acc(t: list[float], prefix: str) -> dict:
+        n = max(t[3], 1)
+        return {f"{prefix}greedy_acc": t[0] / n, f"{prefix}mean@{k}": t[1] / (n * k), f"{prefix}pass@{k}": t[2] / n}
+    per = {src: tot[4 * i:4 * i + 4] for i, src in enumerate(sources)}
+    out = acc([sum(v[j] for v in per.values()) for j in range(4)], "eval/")
+    if len(sources) > 1:
+        for src, t in per.items():
+            out.update(acc(t, f"eval/{src}/"))
+    out["eval/rows"] = sum(v[3] for v in per.values())
+    return out
+
+
+def print_eval_table(metrics: dict, k: int) -> None:
+    """One line per data source (and 'all'): greedy, mean@k, pass@k."""
+    print(f"{'source':24} {'greedy':>8} {f'mean@{k}':>8} {f'pass@{k}':>8}")
+    keys = sorted({key[5:-len('greedy_acc') - 1] for key in metrics if key.endswith("/greedy_acc") and key != "eval/greedy_acc"})
+    for name, prefix in [("all", "eval/")] + [(src, f"eval/{src}/") for src in keys]:
+        print(f"{name:24} {metrics[prefix + 'greedy_acc']:8.3f} {metrics[prefix + f'mean@{k}']:8.3f} "
+              f"{metrics[prefix + f'pass@{k}']:8.3f}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -695,27 +773,56 @@ def export_hf(run: Run, out: Path) -> None:
 
 
 def log_metrics(run: Run, metrics: dict) -> None:
+    """Rank 0: append to metrics.jsonl (always), then tensorboard / wandb when configured."""
     if run.rank == 0:
         with open(run.run_dir / "metrics.jsonl", "a") as f:
             f.write(json.dumps(metrics) + "\n")
+        for sink in run.sinks:
+            sink(metrics)
+
+
+def metric_sinks(cfg: Config, run_dir: Path) -> list:
+    """Optional loggers, imported only when configured; a missing package is a config error."""
+    sinks = []
+    if cfg.tensorboard:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise ConfigError("tensorboard: true needs the tensorboard package (pip install tensorboard)") from None
+        writer = SummaryWriter(str(run_dir / "tb"))
+        sinks.append(lambda m: [writer.add_scalar(k, v, m["step"]) for k, v in m.items()
+                                if isinstance(v, (int, float)) and k != "step"] and writer.flush())
+    if cfg.wandb_project:
+        try:
+            import wandb
+        except ImportError:
+            raise ConfigError("wandb_project is set but wandb is not installed (pip install wandb)") from None
+        wb = wandb.init(project=cfg.wandb_project, dir=str(run_dir), config=dataclasses.asdict(cfg))
+        sinks.append(lambda m: wb.log({k: v for k, v in m.items() if k != "step"}, step=m["step"]))
+    return sinks
 
 
 def plot_run(run_dir: Path) -> Path:
-    """metrics.jsonl -> plot.png: training reward and held-out accuracy per step."""
+    """metrics.jsonl -> plot.png: training reward, held-out accuracy, response length, time per phase.
+    Also a command: python trainer.py --plot RUN_DIR"""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
     train = [r for r in rows if "reward" in r]
-    evals = [r for r in rows if any(k.startswith("eval/") for k in r)]
-    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
-    if train:
-        ax[0].plot([r["step"] for r in train], [r["reward"] for r in train], label="train reward (mean)")
-    ax[0].set_xlabel("step"), ax[0].set_title("training reward"), ax[0].legend()
-    for key in sorted({k for r in evals for k in r if k.startswith("eval/")}):
-        pts = [(r["step"], r[key]) for r in evals if key in r]
-        ax[1].plot(*zip(*pts), marker="o", label=key[5:])
-    ax[1].set_xlabel("step"), ax[1].set_title("held-out accuracy"), ax[1].legend()
+    evals = [r for r in rows if "eval/greedy_acc" in r]
+    fig, ax = plt.subplots(2, 2, figsize=(12, 8))
+    steps = [r["step"] for r in train]
+    ax[0, 0].plot(steps, [r["reward"] for r in train], label="train reward (mean)")
+    for key in sorted({k for r in evals for k in r if k.startswith("eval/") and k.count("/") == 1 and k != "eval/rows"}):
+        ax[0, 1].plot([r["step"] for r in evals], [r[key] for r in evals], marker="o", label=key[5:])
+    for key in ("response_len", "response_len_p90", "response_len_max"):
+        ax[1, 0].plot(steps, [r.get(key, float("nan")) for r in train], label=key)
+    phases = sorted({k for r in train for k in r if k.startswith("time/")})
+    ax[1, 1].stackplot(steps, *[[r.get(p, 0.0) for r in train] for p in phases], labels=[p[5:] for p in phases])
+    for a, title in zip(ax.flat, ("training reward", "held-out accuracy", "response length (tokens)",
+                                  "seconds per step, by phase")):
+        a.set_title(title), a.set_xlabel("step"), a.legend(fontsize=8)
     fig.tight_layout()
     out = run_dir / "plot.png"
     fig.savefig(out, dpi=100)
@@ -833,9 +940,23 @@ def setup(cfg: Config) -> Run:
         (run_dir / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
         if resume_point(cfg) is None:
             (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    sinks = metric_sinks(cfg, run_dir) if rank == 0 else []
+    if cfg.mode == "eval":  # the engine serves model_path as it is: no policy, no optimizer
+        return Run(cfg, rank, world, device, tok, None, None, None, run_dir, sinks=sinks)
     policy = build_model(cfg.model_path, device, trainable=True)
     optim, sched = make_optimizer(cfg, policy, cfg.steps)
-    return Run(cfg, rank, world, device, tok, policy, optim, sched, run_dir)
+    return Run(cfg, rank, world, device, tok, policy, optim, sched, run_dir, sinks=sinks)
+
+
+def start_engine(run: Run):
+    """This rank's vLLM engine on model_path (max length = prompt + response)."""
+    from rollout.vllm_engine import EngineConfig as VllmConfig, RolloutEngine
+    cfg = run.cfg
+    return RolloutEngine(VllmConfig(cfg.model_path, cfg.max_prompt_len + cfg.max_response_len, seed=cfg.seed,
+                                    dtype="bfloat16" if run.device.type == "cuda" else "float32",
+                                    gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
+                                    max_num_seqs=cfg.engine.max_num_seqs, enforce_eager=cfg.engine.enforce_eager),
+                         distributed=True)
 
 
 def progress(run: Run, total: int, desc: str):
@@ -847,12 +968,11 @@ def train_rl(cfg: Config) -> None:
     from rewards.advantages import grpo_advantages, rloo_advantages
     from rewards.pool import RewardPool
     from rollout.copris import CoprisScheduler
-    from rollout.vllm_engine import EngineConfig as VllmConfig, RolloutEngine
     rows = load_rows(cfg.train_data, "rl")
     eval_rows = load_rows(cfg.eval_data, "rl") if cfg.eval_data else []
     run = setup(cfg)
-    rows, skipped = tokenize_prompts(rows, run.tok, cfg.max_prompt_len)
-    run.eval_rows, _ = tokenize_prompts(eval_rows, run.tok, cfg.max_prompt_len)
+    rows, skipped = tokenize_prompts(rows, run.tok, cfg.max_prompt_len, cfg.chat_template)
+    run.eval_rows, _ = tokenize_prompts(eval_rows, run.tok, cfg.max_prompt_len, cfg.chat_template)
     if len(rows) < run.world:
         raise ConfigError(f"{cfg.train_data}: {len(rows)} usable prompts ({skipped} over max_prompt_len) "
                           f"for {run.world} ranks")
@@ -861,11 +981,7 @@ def train_rl(cfg: Config) -> None:
     run.pool = RewardPool(cfg.reward_workers, cfg.reward_timeout_s)
     if cfg.kl_coef > 0:
         run.ref = build_model(cfg.model_path, run.device, trainable=False)
-    run.engine = RolloutEngine(VllmConfig(cfg.model_path, cfg.max_prompt_len + cfg.max_response_len,
-                                          seed=cfg.seed, dtype="bfloat16" if run.device.type == "cuda" else "float32",
-                                          gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
-                                          max_num_seqs=cfg.engine.max_num_seqs,
-                                          enforce_eager=cfg.engine.enforce_eager), distributed=True)
+    run.engine = start_engine(run)
     run.scheduler = CoprisScheduler(
         n=cfg.n_samples, groups=cfg.batch_groups // run.world, concurrency=cfg.copris.concurrency,
         max_response_len=cfg.max_response_len, temperature=cfg.temperature, top_p=cfg.top_p,
@@ -933,7 +1049,7 @@ def train_sft(cfg: Config) -> None:
     eos = run.tok.eos_token_id
     data = []
     for r in rows:
-        p = run.tok(r["prompt"], add_special_tokens=False)["input_ids"]
+        p = run.tok(prompt_text(r["prompt"], run.tok, cfg.chat_template), add_special_tokens=False)["input_ids"]
         c = run.tok(r["completion"], add_special_tokens=False)["input_ids"] + [eos]
         if len(p) <= cfg.max_prompt_len and len(c) <= cfg.max_response_len:
             data.append(Row(p, c))
@@ -970,10 +1086,36 @@ def train_sft(cfg: Config) -> None:
         print(f"sft: {steps} steps in {time.time() - t0:.0f} s, final loss {loss_sum:.3f}; export: {run.run_dir / 'export'}")
 
 
+def run_eval(cfg: Config) -> None:
+    """mode: eval. Held-out metrics of model_path on eval_data: a table, eval_summary.json and every
+    completion with its score in eval_samples.jsonl (both in run_dir)."""
+    from rewards.pool import RewardPool
+    if not cfg.eval_data:
+        raise ConfigError("mode: eval needs eval_data")
+    rows = load_rows(cfg.eval_data, "rl")
+    run = setup(cfg)
+    run.eval_rows, skipped = tokenize_prompts(rows, run.tok, cfg.max_prompt_len, cfg.chat_template)
+    run.pool, run.engine = RewardPool(cfg.reward_workers, cfg.reward_timeout_s), start_engine(run)
+    try:
+        metrics = evaluate(run, samples_out=run.run_dir / "eval_samples.jsonl")
+        if run.rank == 0:
+            metrics["prompts_skipped_too_long"] = skipped
+            (run.run_dir / "eval_summary.json").write_text(json.dumps(metrics, indent=1))
+            print_eval_table(metrics, cfg.eval_samples)
+            print(f"{int(metrics['eval/rows'])} prompts ({skipped} skipped: over max_prompt_len); "
+                  f"samples: {run.run_dir / 'eval_samples.jsonl'}")
+    finally:
+        run.pool.close()
+        run.engine.shutdown()
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--plot"] and len(argv) == 2:  # python trainer.py --plot RUN_DIR
+        print(plot_run(Path(argv[1])))
+        return 0
     try:
         cfg = load_config(argv)
-        (train_sft if cfg.mode == "sft" else train_rl)(cfg)
+        {"sft": train_sft, "rl": train_rl, "eval": run_eval}[cfg.mode](cfg)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2

@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def base(tiny):
-    return [f"--model_path={tiny / 'model'}", f"--train_data={tiny / 'data' / 'rl_train.jsonl'}"]
+    return [f"--model_path={tiny / 'model'}", f"--train_data={tiny / 'data' / 'rl_train.jsonl'}",
+            "--max_prompt_len=128", "--max_response_len=128"]
 
 
 def test_defaults_and_overrides(base, tmp_path):
@@ -36,6 +37,7 @@ def test_defaults_and_overrides(base, tmp_path):
     (["--n_samples=0"], "n_samples must be >= 1"),
     (["--copris.concurrency=512"], "exceeds engine.max_num_seqs"),
     (["--token_budget=100"], "token_budget=100 is below one full row"),
+    (["--max_response_len=500"], "max_prompt_len + max_response_len = 628 exceeds the model's max_position_embeddings=512"),
     (["--lr.x=1"], "lr has no sub-keys"),
 ])
 def test_bad_overrides_name_the_problem(base, args, needle):
