@@ -5,8 +5,9 @@ job.json: {"role": "reference" | "candidate", "seeds": [int], "device": "cpu" | 
 reference role: reads reference.py, writes ref.pt   = {"cases": [case], "ms": float | None}
     case = {"seed", "init_inputs": list, "inputs": list, "state": state_dict of Model, "outputs": [tensor]}
 candidate role: reads inputs.pt = {"cases": [case without "outputs"]} BEFORE importing candidate.py, writes
-    result.pt = {"outputs": [[tensor]], "inputs_after": [list], "launches": [int], "torch_ops": [str],
-                 "ms": float | None}  or  {"error": reason, "detail": str}
+    result.pt = {"outputs": [[tensor]], "inputs_after": [list], "launches": [per forward call, rounded down],
+                 "torch_ops": [str], "ms": float | None}  or  {"error": reason, "detail": str}
+On CUDA the timed calls (3 warm-up + 20) run under the same audit and launch count as the checked call.
 The parent (triton_kernel.py) compares; nothing here decides the score, so a candidate that tampers with this
 process can at most forge its own outputs, which it still has to get right without ever seeing the reference.
 """
@@ -145,14 +146,13 @@ def _run_candidate(job: dict) -> dict:
             model = model.to(job["device"])
             args = _to(job["device"], case["inputs"])
             before = audit.launches
-            with torch.no_grad(), audit:
-                out = model(*args)
-            result["outputs"].append(_outputs(out))
-            result["inputs_after"].append(_to("cpu", args))
-            result["launches"].append(audit.launches - before)
-            if job["time"]:
-                with torch.no_grad():
+            with torch.no_grad(), audit:      # the timed calls too: each must launch and none may compute in torch
+                result["outputs"].append(_outputs(model(*args)))
+                if job["time"]:
                     times.append(_time_ms(lambda: model(*args)))
+            calls = 1 + (_TIME_WARMUP + _TIME_ITERS if job["time"] else 0)
+            result["launches"].append((audit.launches - before) // calls)     # launches per call, rounded down
+            result["inputs_after"].append(_to("cpu", args))
         except Exception as e:      # a candidate failure of any kind is scored, never propagated
             return _error(e)
     result["torch_ops"] = sorted(audit.ops)
