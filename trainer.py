@@ -51,6 +51,7 @@ class CoprisConfig:
     concurrency: int = 64  # P: requests in flight per rank (the paper's default is 1024 per node)
     staleness_cap: int | None = None  # restart a partial trajectory sampled more than k versions ago; null = never
     old_logprob_source: str = "trainer"  # trainer: recompute per stage with the FSDP policy | rollout: engine's values
+    dynamic_sampling: bool = False  # drop complete groups whose rewards are all equal and keep collecting
 
 
 @dataclass
@@ -554,13 +555,25 @@ def push_weights_if_stale(run: Run) -> None:
 
 
 def score_groups(run: Run, groups) -> tuple[torch.Tensor, dict]:
-    """Decode and score every sample; -> rewards (B,) in group order, reason counts."""
-    jobs = [(g.row, run.tok.decode(t.tokens, skip_special_tokens=True)) for g in groups for t in g.samples]
-    results = run.pool.score(jobs)
+    """Score every sample not yet scored (one pool call); -> rewards (B,) in group order, reason counts."""
+    todo = [g for g in groups if g.scores is None]
+    flat = run.pool.score([(g.row, run.tok.decode(t.tokens, skip_special_tokens=True)) for g in todo for t in g.samples])
+    for i, g in enumerate(todo):
+        g.scores = flat[i * len(g.samples):(i + 1) * len(g.samples)]
     reasons: dict[str, int] = {}
-    for _, info in results:
-        reasons[info.get("reason", "?")] = reasons.get(info.get("reason", "?"), 0) + 1
-    return torch.tensor([s for s, _ in results], dtype=torch.float32), reasons
+    for g in groups:
+        for _, info in g.scores:
+            reasons[info.get("reason", "?")] = reasons.get(info.get("reason", "?"), 0) + 1
+    return torch.tensor([sc for g in groups for sc, _ in g.scores], dtype=torch.float32), reasons
+
+
+def informative_group(run: Run):
+    """keep_group for dynamic sampling: score the group as it completes, keep it unless every
+    sample got the same reward (its advantages would all be 0)."""
+    def keep(group) -> bool:
+        score_groups(run, [group])
+        return len({sc for sc, _ in group.scores}) > 1
+    return keep
 
 
 @torch.no_grad()
@@ -637,11 +650,12 @@ def rl_step(run: Run, step: int, advantage_fn) -> dict:
         push_weights_if_stale(run)
     # 2. rollout: until B/world groups are complete on this rank; the rest waits in the buffer
     version = run.policy_version
+    keep = informative_group(run) if cfg.copris.dynamic_sampling else None
     with t("rollout"):
-        groups, rstats = run.scheduler.collect(run.engine, run.prompts.draw, version=version)
+        groups, rstats = run.scheduler.collect(run.engine, run.prompts.draw, version=version, keep_group=keep)
     # 3. the engine gives the accelerator back to training
     run.engine.sleep()
-    # 4. rewards, one per sample (B,) in group order
+    # 4. rewards, one per sample (B,) in group order (dynamic sampling scored them already)
     with t("reward"):
         rewards, reasons = score_groups(run, groups)
     # 5. old log-probs for the finished samples and the buffered partial ones (cross-stage)
@@ -676,6 +690,7 @@ def rl_step(run: Run, step: int, advantage_fn) -> dict:
             "response_len_max": every[-1], **extra,
             "truncated_frac": sums[3] / n, "rollout_tokens": sums[4], "off_policy_token_frac": sums[5] / max(1, sums[2]),
             "reward_timeouts": sums[6], "reward_errors": sums[7], "buffer_tokens": sums[8],
+            "dropped_groups": all_sum([rstats.dropped_groups], run.device)[0],
             "rollout_tok_per_s": sums[5] / max(1e-9, t.s["rollout"]), "max_in_flight": rstats.max_in_flight,
             **ustats, **{f"time/{k}": v for k, v in t.s.items()}}
 

@@ -47,6 +47,7 @@ class Group:
     prompt_id: int
     row: dict
     samples: list[Trajectory]
+    scores: list | None = None  # [(reward, info)] per sample once scored (keep_group may do it early)
 
     @property
     def complete(self) -> bool:
@@ -69,6 +70,7 @@ class RolloutStats:
     new_tokens: int = 0  # tokens generated this call
     aborted: int = 0  # requests aborted into the buffer
     restarted_stale: int = 0
+    dropped_groups: int = 0  # complete groups keep_group rejected (dynamic sampling, accuracy filter)
 
 
 class CoprisScheduler:
@@ -100,8 +102,12 @@ class CoprisScheduler:
         t.segments += 1
         return req_id
 
-    def collect(self, engine, draw_prompt, version: int) -> tuple[list[Group], RolloutStats]:
-        """Run the engine until B groups are complete; returns them (group rows consecutive)."""
+    def collect(self, engine, draw_prompt, version: int, keep_group=None,
+                max_dropped: int = 1000) -> tuple[list[Group], RolloutStats]:
+        """Run the engine until B groups are complete and kept; returns them (group rows consecutive).
+        keep_group(group) -> bool, called once per group as it completes, can reject it (dynamic
+        sampling: all rewards equal; PRIME: accuracy out of range); collection goes on until B are kept.
+        More than max_dropped rejections in one call is an error (the filter rejects everything)."""
         self.stats = RolloutStats()
         open_groups: list[Group] = self.buffer
         self.buffer = []
@@ -142,7 +148,16 @@ class CoprisScheduler:
                     t.finish_reason = d.finish_reason or "stop"
             still_open = []
             for g in open_groups:
-                (done if g.complete else still_open).append(g)
+                if not g.complete:
+                    still_open.append(g)
+                elif keep_group is None or keep_group(g):
+                    done.append(g)
+                else:
+                    self.stats.dropped_groups += 1
+                    if self.stats.dropped_groups > max_dropped:
+                        engine.abort(list(running))
+                        raise RuntimeError(f"keep_group rejected {self.stats.dropped_groups} groups in one step "
+                                           f"(every group filtered?): check the reward or the filter range")
             open_groups = still_open
         engine.abort(list(running))
         self.stats.aborted = len(running)
@@ -151,9 +166,9 @@ class CoprisScheduler:
 
     # -- resumable state ----------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"buffer": [{"prompt_id": g.prompt_id, "row": g.row, "samples": [vars(t) for t in g.samples]}
-                           for g in self.buffer]}
+        return {"buffer": [{"prompt_id": g.prompt_id, "row": g.row, "samples": [vars(t) for t in g.samples],
+                            "scores": g.scores} for g in self.buffer]}
 
     def load_state_dict(self, state: dict) -> None:
-        self.buffer = [Group(g["prompt_id"], g["row"], [Trajectory(**t) for t in g["samples"]])
+        self.buffer = [Group(g["prompt_id"], g["row"], [Trajectory(**t) for t in g["samples"]], g["scores"])
                        for g in state["buffer"]]

@@ -105,6 +105,12 @@ def main(model_dir):
     partial_before = sum(len(t.tokens) > 0 and not t.finished for g in sched.buffer for t in g.samples)
     sched.collect(eng, draw, version=3)
     out["restarted_stale"], out["partial_before"] = sched.stats.restarted_stale, partial_before
+    # dynamic sampling: a filter rejecting odd prompt ids; collection goes on until B are kept, at P
+    eng.counts.clear()
+    dyn = CoprisScheduler(N, B, P, MAX_LEN, 1.0, 1.0, [], seed=0, forced_len=forced_len)
+    g4, s4 = dyn.collect(eng, draw, version=4, keep_group=lambda g: g.prompt_id % 2 == 0)
+    out["dynamic"] = {"groups": len(g4), "even": all(g.prompt_id % 2 == 0 for g in g4), "dropped": s4.dropped_groups,
+                      "min_in_flight": min(eng.counts), "max_in_flight": max(eng.counts)}
     # synchronous mode through the same code: exactly B groups, nothing aborted, empty buffer
     sync = CoprisScheduler(N, B, P, MAX_LEN, 1.0, 1.0, [], seed=0, enabled=False, forced_len=forced_len)
     eng.counts.clear()

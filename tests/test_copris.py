@@ -45,6 +45,12 @@ def test_buffer_roundtrip_staleness_and_sync_mode(result):
     assert result["sync"] == {"groups": 2, "aborted": 0, "buffer": 0, "max_in_flight": 8}
 
 
+def test_dynamic_sampling_keeps_collecting_until_B_groups_pass(result):
+    d = result["dynamic"]
+    assert d["groups"] == 2 and d["even"] and d["dropped"] >= 1
+    assert d["min_in_flight"] == d["max_in_flight"] == 8
+
+
 def test_ranks_draw_disjoint_prompts():
     rows = [{"prompt_ids": [i]} for i in range(10)]
     a, b = PromptSource(rows, 0, 0, 2), PromptSource(rows, 0, 1, 2)
