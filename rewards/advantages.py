@@ -1,4 +1,5 @@
 """Group-relative advantages. Rows of one group are consecutive: rows g*K .. g*K+K-1 form group g.
+(PRIME's prime_advantages and accuracy_filter are at the end.)
 
 grpo_advantages: a_i = (r_i - mean_g) / (std_g + eps), std_g = torch.std (unbiased, K-1);
                  without scale_std: a_i = r_i - mean_g.
@@ -29,6 +30,43 @@ def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """(B,) -> (B,) r_i - mean of the other K-1 rewards of its group (0 when K == 1)."""
     if group_size < 2:
         return torch.zeros_like(rewards, dtype=torch.float32)
-    r = _groups(rewards, group_size).float()  # (G, K)
-    others = (r.sum(dim=1, keepdim=True) - r) / (group_size - 1)
-    return (r - others).reshape(-1)
+    return rewards.float() - _others_mean(rewards.float(), group_size)
+
+
+def prime_advantages(outcome: torch.Tensor, token_rewards: torch.Tensor, mask: torch.Tensor, group_size: int,
+                     gamma: float = 1.0, outcome_coef: float = 1.0, process_coef: float = 1.0,
+                     whiten: bool = True) -> torch.Tensor:
+    """PRIME advantages (paper Eq. 5), (B,) outcomes and (B, T) token rewards -> (B, T).
+
+    process_i,t = sum_{s >= t} gamma^(s-t) [r_i,s - mean_{j != i} (sum_s r_j,s / |y_j|)]   (RLOO baseline)
+    outcome_i   = r_o(i) - mean_{j != i} r_o(j), the same at every valid token
+    A = process_coef * process + outcome_coef * outcome; whiten: (A - mean) / sqrt(var + 1e-8) over
+    valid tokens (unbiased var); 0 where mask is 0. Both coefficients take effect (PRIME's own code
+    ignores them)."""
+    from kernels import discounted_returns
+    m = mask.float()  # (B, T)
+    r = token_rewards.float() * m  # (B, T)
+    seq_mean = r.sum(1) / m.sum(1).clamp(min=1)  # (B,) each sample's mean token reward
+    process = discounted_returns(r - _others_mean(seq_mean, group_size)[:, None] * m, m, gamma)  # (B, T)
+    out = outcome.float() - _others_mean(outcome.float(), group_size)  # (B,)
+    adv = (process_coef * process + outcome_coef * out[:, None]) * m  # (B, T)
+    if whiten:
+        n = m.sum()
+        mean = adv.sum() / n
+        var = ((adv - mean) ** 2 * m).sum() / (n - 1).clamp(min=1)
+        adv = (adv - mean) * torch.rsqrt(var + 1e-8) * m
+    return adv
+
+
+def _others_mean(x: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(B,) -> (B,) mean of the other K-1 values of each row's group (0 when K == 1)."""
+    if group_size < 2:
+        return torch.zeros_like(x)
+    g = _groups(x, group_size)  # (G, K)
+    return ((g.sum(1, keepdim=True) - g) / (group_size - 1)).reshape(-1)
+
+
+def accuracy_filter(rewards: torch.Tensor, group_size: int, low: float = 0.2, high: float = 0.8) -> torch.Tensor:
+    """(B,) outcome rewards in [0, 1] -> (G,) bool: keep groups whose mean accuracy is in [low, high]."""
+    acc = _groups(rewards, group_size).float().mean(1)  # (G,)
+    return (acc >= low - 1e-9) & (acc <= high + 1e-9)
