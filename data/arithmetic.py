@@ -57,13 +57,22 @@ def write_jsonl(rows: list[dict], path: Path) -> None:
             f.write(json.dumps(r) + "\n")
 
 
+def with_slip(row: dict, rng: random.Random) -> dict:
+    """The same worked solution with a careless final answer: boxed = result +- 1."""
+    wrong = int(row["answer"]) + (1 if int(row["answer"]) == 0 or rng.random() < 0.5 else -1)
+    return {**row, "solution": row["solution"].rsplit("\\boxed{", 1)[0] + f"\\boxed{{{wrong}}}"}
+
+
 def write_demo_data(out: Path, n_train: int, n_sft: int, n_eval: int, seed: int = 0,
-                    rl_p_stop: float = 0.35) -> None:
+                    rl_p_stop: float = 0.35, slip_rate: float = 0.4) -> None:
     """rl_train.jsonl / eval.jsonl (prompt, answer) and sft.jsonl (prompt, completion). SFT problems
     are mostly short (p_stop 0.55, mean 1.8 steps); RL and held-out ones lean longer (rl_p_stop,
-    mean 2.9 steps at 0.35): RL works where the SFT model is right only some of the time."""
+    mean 2.9 steps at 0.35). The SFT demonstrations are deliberately careless: a share `slip_rate`
+    of them box the final result off by one, so the SFT model learns the slip and RL, rewarded by
+    the verifier, has a mistake to unlearn."""
     train = make_split(n_train, seed, 0, rl_p_stop)
-    sft = make_split(n_sft, seed + 1, n_train)
+    slip = random.Random(seed + 3)
+    sft = [with_slip(r, slip) if slip.random() < slip_rate else r for r in make_split(n_sft, seed + 1, n_train)]
     held_out = make_split(n_eval, seed + 2, n_train + n_sft, rl_p_stop)
     seen = {r["prompt"] for r in train} | {r["prompt"] for r in sft}
     held_out = [r for r in held_out if r["prompt"] not in seen]

@@ -33,3 +33,21 @@ def test_tokenizer_round_trip(tiny):
         ids = tok(text, add_special_tokens=False)["input_ids"]
         assert ids == raw.encode(text).ids
         assert tok.decode(ids) == text  # spaces survive
+
+
+def test_demo_sft_demonstrations_carry_the_planned_slips(tmp_path):
+    """The SFT set is careless on purpose (about 40% box the result off by one); RL data is clean."""
+    from data.arithmetic import write_demo_data
+    write_demo_data(tmp_path, n_train=300, n_sft=1000, n_eval=100)
+    sft = [json.loads(l) for l in open(tmp_path / "sft.jsonl")]
+    right = [math_reward(r["completion"], r["answer"])[0] for r in sft]
+    assert 0.5 < sum(right) / len(right) < 0.7
+    for r in sft:  # a slip changes only the boxed answer, by one
+        lines = re.findall(r"=(\d+)\.", r["completion"])
+        boxed = int(re.search(r"\\boxed\{(\d+)\}", r["completion"]).group(1))
+        assert int(lines[-1]) == int(r["answer"]) and abs(boxed - int(r["answer"])) <= 1
+    for name in ("rl_train.jsonl", "eval.jsonl"):
+        rows = [json.loads(l) for l in open(tmp_path / name)]
+        assert all(math_reward(r["solution"], r["answer"])[0] == 1.0 for r in rows)
+    held_out = {r["prompt"] for r in map(json.loads, open(tmp_path / "eval.jsonl"))}
+    assert not held_out & {r["prompt"] for r in sft}
