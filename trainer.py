@@ -33,6 +33,8 @@ import torch
 import torch.distributed as dist
 import yaml
 
+from rewards.advantages import grpo_advantages, prime_advantages, rloo_advantages
+
 # ---------------------------------------------------------------------------------------------
 # Config: one dataclass tree, yaml presets, --key=value overrides (type-checked, unknown keys fail)
 # ---------------------------------------------------------------------------------------------
@@ -52,6 +54,20 @@ class CoprisConfig:
     staleness_cap: int | None = None  # restart a partial trajectory sampled more than k versions ago; null = never
     old_logprob_source: str = "trainer"  # trainer: recompute per stage with the FSDP policy | rollout: engine's values
     dynamic_sampling: bool = False  # drop complete groups whose rewards are all equal and keep collecting
+
+
+@dataclass
+class PrimeConfig:
+    enabled: bool = False  # PRIME implicit process rewards with an online PRM (Cui et al.)
+    beta: float = 0.05  # r_t = beta * (log pi_prm(y_t) - log pi_ref(y_t))
+    lr: float = 1e-6  # PRM AdamW learning rate (paper: 1e-6; policy 5e-7)
+    ref: str = "frozen"  # frozen: a frozen copy of the initial policy | policy: the rollout policy's old log-probs
+    update: str = "after"  # after: rewards from the pre-update PRM (one forward, the paper's default) | before
+    filter_low: float = 0.2  # keep groups whose accuracy is in [filter_low, filter_high], draw more until full
+    filter_high: float = 0.8
+    outcome_coef: float = 1.0  # weight of the outcome RLOO advantage
+    process_coef: float = 1.0  # weight of the process (implicit reward) advantage
+    gamma: float = 1.0  # discount of the process returns
 
 
 @dataclass
@@ -100,11 +116,13 @@ class Config:
     reward_timeout_s: float = 10.0  # wall limit per sample; over it scores 0 and is counted
     engine: EngineConfig = field(default_factory=EngineConfig)
     copris: CoprisConfig = field(default_factory=CoprisConfig)
+    prime: PrimeConfig = field(default_factory=PrimeConfig)
 
 
 CHOICES = {"mode": {"rl", "sft", "eval"}, "advantage": {"grpo", "rloo"},
            "loss_agg": {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum"},
-           "copris.old_logprob_source": {"trainer", "rollout"}}
+           "copris.old_logprob_source": {"trainer", "rollout"}, "prime.ref": {"frozen", "policy"},
+           "prime.update": {"after", "before"}}
 
 
 class ConfigError(ValueError):
@@ -200,6 +218,11 @@ def validate_config(cfg: Config) -> None:
         if not Path(getattr(cfg, key)).is_file():
             raise ConfigError(f"{key} {getattr(cfg, key)!r}: no such file")
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    if cfg.prime.enabled and not 0 <= cfg.prime.filter_low <= cfg.prime.filter_high <= 1:
+        raise ConfigError(f"prime.filter_low/high must satisfy 0 <= low <= high <= 1, got "
+                          f"{cfg.prime.filter_low}/{cfg.prime.filter_high}")
+    if cfg.prime.enabled and cfg.n_samples < 2:
+        raise ConfigError("prime.enabled needs n_samples >= 2 (RLOO baselines)")
     if cfg.mode == "eval" and not cfg.eval_data:
         raise ConfigError("mode: eval needs eval_data")
     if cfg.mode == "rl" and cfg.batch_groups % world:
@@ -396,7 +419,7 @@ class Row:
     prompt_ids: list[int]
     response: list[int]
     old_logp: list[float] | None = None  # (T_i,) old log-probs (RL)
-    adv: float = 0.0  # sequence advantage (RL)
+    adv: float | list[float] = 0.0  # sequence advantage, or (T_i,) per-token advantages (PRIME)
 
     def __len__(self):
         return len(self.prompt_ids) + len(self.response)
@@ -479,7 +502,9 @@ class Run:
     optim: torch.optim.Optimizer
     sched: typing.Any
     run_dir: Path
-    ref: typing.Any = None
+    ref: typing.Any = None  # frozen FSDP2 copy of the initial policy (k3 KL, PRIME reference)
+    prm: typing.Any = None  # PRIME's implicit PRM (FSDP2) and its optimizer
+    prm_optim: typing.Any = None
     engine: typing.Any = None
     scheduler: typing.Any = None  # CoprisScheduler
     prompts: PromptSource | None = None
@@ -595,6 +620,72 @@ def fill_old_logprobs(run: Run, trajectories) -> None:
             need[i].old_logprobs += new[len(need[i].old_logprobs):]
 
 
+def accuracy_in_range(run: Run):
+    """keep_group for PRIME: score the group as it completes; keep it if its accuracy lies in
+    [prime.filter_low, prime.filter_high] (CoPRIS then keeps collecting until B groups pass)."""
+    from rewards.advantages import accuracy_filter
+
+    def keep(group) -> bool:
+        score_groups(run, [group])
+        r = torch.tensor([sc for sc, _ in group.scores])
+        return bool(accuracy_filter(r, len(r), run.cfg.prime.filter_low, run.cfg.prime.filter_high)[0])
+    return keep
+
+
+def prime_step(run: Run, rows: list[Row], outcome: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """PRIME: token rewards r_t = beta * (log pi_prm - log pi_ref) and one PRM update with
+    BCE(sigmoid(beta * sum_t (log pi_prm - log pi_ref)), outcome). update=after: the rewards come from
+    the same (pre-update) forward; update=before: update first, then recompute them.
+    -> (B, T) right-aligned token rewards, stats."""
+    from kernels import implicit_prm_rewards
+    cfg, p = run.cfg, run.cfg.prime
+    T = max(len(r.response) for r in rows)
+    token_r = torch.zeros(len(rows), T)
+    n_rows = all_sum([len(rows)], run.device)[0]
+    stats = {"prm_loss": 0.0, "prm_acc": 0.0}
+
+    def ref_logp(batch: list[Row], K: int) -> torch.Tensor:
+        if p.ref == "policy":  # the rollout policy's old log-probs
+            return right_aligned([r.old_logp for r in batch], K, run.device)
+        return reference_logprobs(run, batch)
+
+    def forward(with_grad: bool) -> None:
+        for mb in token_budget_batches(rows, cfg.token_budget, run.device):
+            batch = [rows[i] for i in mb]
+            with torch.no_grad():
+                ref = ref_logp(batch, max([len(r.response) for r in batch], default=1))
+            with torch.set_grad_enabled(with_grad):
+                prm, _, mask = response_logprobs(run.prm, batch, run.device, cfg.temperature)  # (b, K)
+                r = implicit_prm_rewards(prm, ref, mask, p.beta)  # (b, K)
+                if not batch:
+                    if with_grad:
+                        (r.sum() * 0.0).backward()
+                    continue
+                y = outcome[mb].to(run.device)  # (b,)
+                seq = r.sum(1)  # (b,) implicit sequence reward
+                loss = torch.nn.functional.binary_cross_entropy_with_logits(seq, y, reduction="sum")
+                if with_grad:
+                    (loss * run.world / n_rows).backward()  # FSDP averages over ranks: global mean
+                    stats["prm_loss"] += loss.item() / n_rows
+                    stats["prm_acc"] += ((seq > 0).float() == (y > 0.5).float()).sum().item() / n_rows
+            for j, i in enumerate(mb):
+                token_r[i, T - len(rows[i].response):] = r[j, r.shape[1] - len(rows[i].response):].detach().cpu()
+    forward(with_grad=True)
+    norm = torch.nn.utils.clip_grad_norm_(run.prm.parameters(), cfg.grad_clip)
+    norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    if math.isfinite(norm):
+        run.prm_optim.step()
+    run.prm_optim.zero_grad(set_to_none=True)
+    if p.update == "before":
+        forward(with_grad=False)
+    valid = torch.cat([token_r[i, T - len(r.response):] for i, r in enumerate(rows)])
+    stats["prm_loss"], stats["prm_acc"] = all_sum([stats["prm_loss"], stats["prm_acc"]], run.device)
+    s1, s2, n = all_sum([float(valid.sum()), float((valid ** 2).sum()), valid.numel()], run.device)
+    stats.update(process_reward_mean=s1 / n, process_reward_std=math.sqrt(max(0.0, s2 / n - (s1 / n) ** 2)),
+                 prm_grad_norm=norm)
+    return token_r, stats
+
+
 def policy_update(run: Run, rows: list[Row]) -> dict:
     """PPO-clip over `mini_batches` optimizer steps; each is a set of token-budget micro-batches
     whose losses are scaled so the gradient is that of the global (all-rank) aggregate. The loss runs
@@ -617,7 +708,8 @@ def policy_update(run: Run, rows: list[Row]) -> dict:
                 continue
             K = targets.shape[1]
             old = right_aligned([r.old_logp for r in batch], K, run.device)  # (b, K)
-            adv = torch.tensor([r.adv for r in batch], device=run.device)  # (b,)
+            adv = right_aligned([r.adv for r in batch], K, run.device) if isinstance(batch[0].adv, list) \
+                else torch.tensor([r.adv for r in batch], device=run.device)  # (b, K) or (b,)
             n_local = mask.sum().item() if cfg.loss_agg == "token-mean" else len(batch)
             scale = n_local * run.world / denom  # this micro-batch's share; FSDP averages grads over ranks
             loss, s = fused_logits_ppo_loss(logits, targets, old, adv, mask, cfg.clip_low, cfg.clip_high,
@@ -650,7 +742,7 @@ def rl_step(run: Run, step: int, advantage_fn) -> dict:
         push_weights_if_stale(run)
     # 2. rollout: until B/world groups are complete on this rank; the rest waits in the buffer
     version = run.policy_version
-    keep = informative_group(run) if cfg.copris.dynamic_sampling else None
+    keep = accuracy_in_range(run) if cfg.prime.enabled else informative_group(run) if cfg.copris.dynamic_sampling else None
     with t("rollout"):
         groups, rstats = run.scheduler.collect(run.engine, run.prompts.draw, version=version, keep_group=keep)
     # 3. the engine gives the accelerator back to training
@@ -662,13 +754,25 @@ def rl_step(run: Run, step: int, advantage_fn) -> dict:
     trajs = [tr for g in groups for tr in g.samples]
     with t("old_logprobs"):
         fill_old_logprobs(run, trajs + [tr for g in run.scheduler.buffer for tr in g.samples])
-    # 6. advantages: one per sample, broadcast over its tokens
-    adv = advantage_fn(rewards, cfg.n_samples)  # (B,)
-    rows = [Row(tr.prompt_ids, tr.tokens, tr.old_logprobs[:len(tr.tokens)], float(a)) for tr, a in zip(trajs, adv)]
-    # 7. policy update
+    rows = [Row(tr.prompt_ids, tr.tokens, tr.old_logprobs[:len(tr.tokens)]) for tr in trajs]
+    # 6. PRIME: implicit token rewards from the PRM, PRM update on the outcomes, per-token advantages
+    prm_stats = {}
+    if cfg.prime.enabled:
+        with t("prm"):
+            token_r, prm_stats = prime_step(run, rows, rewards)  # (B, T) right-aligned
+        mask = right_aligned([[1.0] * len(r.response) for r in rows], token_r.shape[1], "cpu")
+        adv_t = prime_advantages(rewards, token_r, mask, cfg.n_samples, cfg.prime.gamma, cfg.prime.outcome_coef,
+                                 cfg.prime.process_coef)  # (B, T)
+        for i, r in enumerate(rows):
+            r.adv = adv_t[i, adv_t.shape[1] - len(r.response):].tolist()
+    # 7. advantages: one per sample, broadcast over its tokens (GRPO / RLOO)
+    else:
+        for r, a in zip(rows, advantage_fn(rewards, cfg.n_samples)):  # (B,)
+            r.adv = float(a)
+    # 8. policy update
     with t("update"):
         ustats = policy_update(run, rows)
-    # 8. metrics (all ranks)
+    # 9. metrics (all ranks)
     lengths = [len(tr.tokens) for tr in trajs]
     off_policy = sum(v != version for tr in trajs for v in tr.versions)
     sums = all_sum([float(rewards.sum()), len(rewards), sum(lengths),
@@ -692,7 +796,7 @@ def rl_step(run: Run, step: int, advantage_fn) -> dict:
             "reward_timeouts": sums[6], "reward_errors": sums[7], "buffer_tokens": sums[8],
             "dropped_groups": all_sum([rstats.dropped_groups], run.device)[0],
             "rollout_tok_per_s": sums[5] / max(1e-9, t.s["rollout"]), "max_in_flight": rstats.max_in_flight,
-            **ustats, **{f"time/{k}": v for k, v in t.s.items()}}
+            **ustats, **prm_stats, **{f"time/{k}": v for k, v in t.s.items()}}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -980,7 +1084,6 @@ def progress(run: Run, total: int, desc: str):
 
 
 def train_rl(cfg: Config) -> None:
-    from rewards.advantages import grpo_advantages, rloo_advantages
     from rewards.pool import RewardPool
     from rollout.copris import CoprisScheduler
     rows = load_rows(cfg.train_data, "rl")
@@ -994,8 +1097,11 @@ def train_rl(cfg: Config) -> None:
     run.counters["prompts_skipped_too_long"] = skipped
     run.prompts = PromptSource(rows, cfg.seed, run.rank, run.world)
     run.pool = RewardPool(cfg.reward_workers, cfg.reward_timeout_s)
-    if cfg.kl_coef > 0:
+    if cfg.kl_coef > 0 or (cfg.prime.enabled and cfg.prime.ref == "frozen"):
         run.ref = build_model(cfg.model_path, run.device, trainable=False)
+    if cfg.prime.enabled:  # the PRM starts from the same checkpoint as the policy, with its own AdamW
+        run.prm = build_model(cfg.model_path, run.device, trainable=True)
+        run.prm_optim = torch.optim.AdamW(run.prm.parameters(), lr=cfg.prime.lr, weight_decay=0.0)
     run.engine = start_engine(run)
     run.scheduler = CoprisScheduler(
         n=cfg.n_samples, groups=cfg.batch_groups // run.world, concurrency=cfg.copris.concurrency,
