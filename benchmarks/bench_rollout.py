@@ -3,7 +3,7 @@
 Response lengths are forced (eos ignored) from a long-tailed lognormal: median 48 tokens, sigma 1.0,
 capped at 768 by default, per (prompt, sample) seed, so both arms see the same lengths. Each step
 collects B groups of n samples; the first `--warmup` steps are not timed (CoPRIS needs one to fill
-its buffer). Reported per arm: rollout seconds per trained batch, useful tokens/s (tokens of the
+its buffer: a 768-token sample spans about a dozen steps). Reported per arm: rollout seconds per trained batch, useful tokens/s (tokens of the
 samples that finished and are trained on), tokens still in the buffer at the end, engine idle share
 (1 - requests in flight / slots, averaged over engine steps), and the speedup; plus the ceiling:
 the engine's saturated throughput with P fixed-length requests always in flight (no tail).
@@ -89,7 +89,8 @@ def real(a) -> dict:
     from rollout.vllm_engine import EngineConfig, RolloutEngine
     with tempfile.TemporaryDirectory() as d:
         rows = make_split(2000, seed=0)
-        build_model_folder(Path(d), [r["prompt"] + r["solution"] for r in rows], vocab_size=512, hidden=128, layers=4)
+        build_model_folder(Path(d), [r["prompt"] + r["solution"] for r in rows], vocab_size=512, hidden=128, layers=4,
+                           max_len=a.cap + 64)
         engine = RolloutEngine(EngineConfig(d, max_model_len=a.cap + 64, seed=a.seed,
                                             max_num_seqs=max(a.concurrency, a.groups * a.n)), distributed=False)
         prompt = list(range(5, 37))  # 32 prompt tokens
@@ -171,8 +172,9 @@ def simulate(a) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=10, help="timed steps per arm")
-    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=20, help="timed steps per arm")
+    ap.add_argument("--warmup", type=int, default=20, help="untimed steps first: CoPRIS's buffer needs about "
+                    "cap / (tokens per step) steps to reach steady state")
     ap.add_argument("--groups", type=int, default=8, help="B groups per step")
     ap.add_argument("--n", type=int, default=4, help="samples per group")
     ap.add_argument("--concurrency", type=int, default=64, help="P")
