@@ -2,9 +2,9 @@
 
 Response lengths are forced (eos ignored) from a long-tailed lognormal: median 48 tokens, sigma 1.0,
 capped at 768 by default, per (prompt, sample) seed, so both arms see the same lengths. Each step
-collects B groups of n samples; the first `--warmup` steps are not timed (CoPRIS needs one to fill
-its buffer: a 768-token sample spans about a dozen steps). Reported per arm: rollout seconds per trained batch, useful tokens/s (tokens of the
-samples that finished and are trained on), tokens still in the buffer at the end, engine idle share
+collects B groups of n samples; the first `--warmup` steps are not timed (CoPRIS's buffer must
+reach steady state: a 768-token sample spans about a dozen steps). Reported per arm: rollout
+seconds per trained batch, useful tokens/s (tokens of the samples that finished and are trained on), tokens still in the buffer at the end, engine idle share
 (1 - requests in flight / slots, averaged over engine steps), and the speedup; plus the ceiling:
 the engine's saturated throughput with P fixed-length requests always in flight (no tail).
 
