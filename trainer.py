@@ -1130,7 +1130,8 @@ def train_rl(cfg: Config) -> None:
                 m.update(evaluate(run))
             log_metrics(run, m)
             bar.set_postfix(reward=f"{m['reward']:.3f}", len=f"{m['response_len']:.0f}",
-                            **{k[5:]: f"{v:.3f}" for k, v in m.items() if k.startswith("eval/")})
+                            **{k[5:]: f"{v:.3f}" for k, v in m.items() if k.startswith("eval/") and k.count("/") == 1
+                               and k != "eval/rows"})
             bar.update()
             stopping = stop.agreed(run.device)
             if stopping or (cfg.save_every and step % cfg.save_every == 0 and step != cfg.steps):
