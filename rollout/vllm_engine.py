@@ -64,9 +64,10 @@ class RolloutEngine:
             kwargs.update(enable_sleep_mode=True, gpu_memory_utilization=cfg.gpu_memory_utilization)
         try:
             self.llm = LLM(**kwargs)
+            self.engine = self.llm.llm_engine
+            self.generate([[0]], [self.sampling(1, 1.0, 1.0, 0, [])])  # some failures (CPU head_dim) show only here
         except Exception as e:  # engine start failures are user-fixable config problems: say what to change
             raise RuntimeError(engine_start_hint(e, cfg)) from e
-        self.engine = self.llm.llm_engine
         self.sleeping = False
 
     # -- requests ---------------------------------------------------------------------------
@@ -148,7 +149,8 @@ def engine_start_hint(e: Exception, cfg: EngineConfig) -> str:
     msg = f"vLLM engine failed to start for {cfg.model_path}: {type(e).__name__}: {e}"
     text = str(e).lower()
     if "head" in text and ("size" in text or "dim" in text):
-        msg += "\n-> vLLM's CPU attention needs head_dim 64 (hidden_size / num_attention_heads)."
+        msg += ("\n-> vLLM's CPU attention supports only some head sizes: use head_dim 64 "
+                "(hidden_size / num_attention_heads), or run on a GPU.")
     if "memory" in text or "kv cache" in text or "oom" in text:
         msg += ("\n-> lower engine.max_model_len or engine.max_num_seqs, lower engine.gpu_memory_utilization "
                 "(CUDA) or raise VLLM_CPU_KVCACHE_SPACE (CPU, GiB).")

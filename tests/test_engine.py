@@ -77,3 +77,20 @@ def test_weight_push_parity_and_tokenizer(tiny, tmp_path):
     assert out["seed_batch_invariant"]
     assert out["update_changed_weights"] and out["grad_norm"] > 0 and out["version"] == 1
     assert out["after_update_max_diff"] < TOL, out
+
+
+def test_engine_start_failure_says_what_to_change(tiny, tmp_path):
+    """A model vLLM's CPU attention can't run (head_dim 16) fails at start with a hint, not later."""
+    import shutil
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny / "model" / f, tmp_path / f)
+    Qwen2ForCausalLM(Qwen2Config(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=2,
+                                 max_position_embeddings=128)).save_pretrained(tmp_path)
+    code = ("import sys; from rollout.vllm_engine import EngineConfig, RolloutEngine\n"
+            "RolloutEngine(EngineConfig(sys.argv[1], max_model_len=64), distributed=False)\n")
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode != 0
+    assert "vLLM engine failed to start" in p.stderr and "use head_dim 64" in p.stderr, p.stderr[-2000:]
