@@ -92,3 +92,26 @@ def test_resume_path_must_be_a_complete_checkpoint(tiny, tmp_path):
     from trainer import ConfigError, load_config
     with pytest.raises(ConfigError, match="not off, auto, or a complete checkpoint"):
         load_config(args(tiny, tmp_path)[1:] + [f"--resume={tmp_path}"])
+
+
+def test_non_finite_updates_are_skipped_counted_then_stop():
+    import torch
+    from trainer import Config, Run, TrainingError, make_optimizer, optimizer_step
+    model = torch.nn.Linear(3, 2)
+    cfg = Config(max_skipped_updates=3)
+    optim, sched = make_optimizer(cfg, model, 10)
+    run = Run(cfg, 0, 1, torch.device("cpu"), None, model, optim, sched, None)
+    before = model.weight.detach().clone()
+    for i in range(2):
+        model(torch.ones(1, 3)).sum().mul(float("nan")).backward()
+        norm, applied = optimizer_step(run)
+        assert not applied and run.counters["skipped_updates"] == i + 1
+    assert torch.equal(model.weight, before) and run.policy_version == 0  # nothing applied
+    model(torch.ones(1, 3)).sum().backward()
+    assert optimizer_step(run)[1] and run.counters["consecutive_skips"] == 0  # a good step resets the run
+    for _ in range(2):
+        model(torch.ones(1, 3)).sum().mul(float("inf")).backward()
+        optimizer_step(run)
+    model(torch.ones(1, 3)).sum().mul(float("nan")).backward()
+    with pytest.raises(TrainingError, match="3 consecutive updates had a non-finite gradient norm"):
+        optimizer_step(run)
