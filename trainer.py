@@ -755,48 +755,52 @@ def rl_step(run: Run, step: int, advantage_fn) -> dict:
     with t("old_logprobs"):
         fill_old_logprobs(run, trajs + [tr for g in run.scheduler.buffer for tr in g.samples])
     rows = [Row(tr.prompt_ids, tr.tokens, tr.old_logprobs[:len(tr.tokens)]) for tr in trajs]
-    # 6. PRIME: implicit token rewards from the PRM, PRM update on the outcomes, per-token advantages
+    # 6. advantages: PRIME (token rewards from the online PRM, which takes a step on the outcomes;
+    #    per-token advantages) or GRPO / RLOO (one per sample, broadcast over its tokens)
     prm_stats = {}
     if cfg.prime.enabled:
         with t("prm"):
             token_r, prm_stats = prime_step(run, rows, rewards)  # (B, T) right-aligned
-        mask = right_aligned([[1.0] * len(r.response) for r in rows], token_r.shape[1], "cpu")
+        mask = right_aligned([[1.0] * len(r.response) for r in rows], token_r.shape[1], "cpu")  # (B, T)
         adv_t = prime_advantages(rewards, token_r, mask, cfg.n_samples, cfg.prime.gamma, cfg.prime.outcome_coef,
                                  cfg.prime.process_coef)  # (B, T)
         for i, r in enumerate(rows):
             r.adv = adv_t[i, adv_t.shape[1] - len(r.response):].tolist()
-    # 7. advantages: one per sample, broadcast over its tokens (GRPO / RLOO)
     else:
         for r, a in zip(rows, advantage_fn(rewards, cfg.n_samples)):  # (B,)
             r.adv = float(a)
-    # 8. policy update
+    # 7. policy update
     with t("update"):
         ustats = policy_update(run, rows)
-    # 9. metrics (all ranks)
+    # 8. metrics (all ranks)
+    return {"step": step, **step_metrics(run, version, trajs, rewards, reasons, rstats, t.s),
+            **ustats, **prm_stats, **{f"time/{k}": v for k, v in t.s.items()}}
+
+
+def step_metrics(run: Run, version: int, trajs, rewards, reasons: dict, rstats, seconds: dict) -> dict:
+    """Rollout and reward figures of one step, summed over ranks."""
     lengths = [len(tr.tokens) for tr in trajs]
-    off_policy = sum(v != version for tr in trajs for v in tr.versions)
-    sums = all_sum([float(rewards.sum()), len(rewards), sum(lengths),
-                    sum(tr.finish_reason == "length" for tr in trajs), rstats.new_tokens, off_policy,
-                    reasons.get("timeout", 0), reasons.get("crash", 0) + reasons.get("error", 0),
-                    sum(len(tr.tokens) for g in run.scheduler.buffer for tr in g.samples)], run.device)
-    n = sums[1]
+    off_policy = sum(v != version for tr in trajs for v in tr.versions)  # tokens sampled by an older policy
+    buffered = sum(len(tr.tokens) for g in run.scheduler.buffer for tr in g.samples)
+    (reward, n, tokens, truncated, new_tokens, off_policy, timeouts, errors, buffered, dropped) = all_sum(
+        [float(rewards.sum()), len(rewards), sum(lengths), sum(tr.finish_reason == "length" for tr in trajs),
+         rstats.new_tokens, off_policy, reasons.get("timeout", 0), reasons.get("crash", 0) + reasons.get("error", 0),
+         buffered, rstats.dropped_groups], run.device)
     every = [None] * run.world
     dist.all_gather_object(every, lengths)
     every = sorted(x for part in every for x in part)
-    extra = {}
+    out = {"reward": reward / n, "response_len": tokens / n, "response_len_p50": every[len(every) // 2],
+           "response_len_p90": every[int(len(every) * 0.9)], "response_len_max": every[-1],
+           "truncated_frac": truncated / n, "rollout_tokens": new_tokens,
+           "off_policy_token_frac": off_policy / max(1, tokens),
+           "reward_timeouts": timeouts, "reward_errors": errors, "buffer_tokens": buffered, "dropped_groups": dropped,
+           "rollout_tok_per_s": new_tokens / max(1e-9, seconds["rollout"]), "max_in_flight": rstats.max_in_flight}
     if run.device.type == "cuda":  # model FLOPs: 6 N per trained token, 2 N per generated / re-scored token
         n_params = sum(p.numel() for p in run.policy.parameters())
-        flops = n_params * (6 * sums[2] + 2 * (sums[4] + sums[2]))
-        extra = {"mfu": flops / (sum(t.s.values()) * run.world * cfg.peak_tflops * 1e12),
-                 "gpu_mem_peak_gb": torch.cuda.max_memory_allocated() / 2**30}
-    return {"step": step, "reward": sums[0] / n, "response_len": sums[2] / n,
-            "response_len_p50": every[len(every) // 2], "response_len_p90": every[int(len(every) * 0.9)],
-            "response_len_max": every[-1], **extra,
-            "truncated_frac": sums[3] / n, "rollout_tokens": sums[4], "off_policy_token_frac": sums[5] / max(1, sums[2]),
-            "reward_timeouts": sums[6], "reward_errors": sums[7], "buffer_tokens": sums[8],
-            "dropped_groups": all_sum([rstats.dropped_groups], run.device)[0],
-            "rollout_tok_per_s": sums[5] / max(1e-9, t.s["rollout"]), "max_in_flight": rstats.max_in_flight,
-            **ustats, **prm_stats, **{f"time/{k}": v for k, v in t.s.items()}}
+        flops = n_params * (6 * tokens + 2 * (new_tokens + tokens))
+        out["mfu"] = flops / (sum(seconds.values()) * run.world * run.cfg.peak_tflops * 1e12)
+        out["gpu_mem_peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
