@@ -93,6 +93,9 @@ def _interpreter_paths() -> list:
 def _bwrap_argv(scratch: str, gpu: bool, tmp_mb: int) -> list:
     """bwrap arguments up to (not including) the command; binds each path once, parents created 0755."""
     argv = [shutil.which("bwrap"), *_namespace_flags(), "--die-with-parent", "--new-session"]
+    # the private /tmp first: binds below go on top of it, so an interpreter that lives under /tmp
+    # (a venv in a CI checkout there) stays visible instead of being hidden by the tmpfs
+    argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(tmp_mb << 20), "--tmpfs", "/tmp"]
     bound, made = [], set()
 
     def covered(path):
@@ -121,8 +124,7 @@ def _bwrap_argv(scratch: str, gpu: bool, tmp_mb: int) -> list:
         for path in _GPU_PATHS:
             if os.path.exists(path):
                 bind("--dev-bind" if path.startswith("/dev/") else "--ro-bind", path)
-    argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(tmp_mb << 20), "--tmpfs", "/tmp",
-             "--bind", scratch, _SCRATCH, "--chdir", _SCRATCH]
+    argv += ["--bind", scratch, _SCRATCH, "--chdir", _SCRATCH]
     return argv
 
 

@@ -3,6 +3,7 @@
 The bwrap tests are skipped where bubblewrap is missing or unusable; the fallback tests always run.
 """
 import os
+import shutil
 import socket
 import subprocess
 import time
@@ -197,3 +198,15 @@ def test_read_back_takes_only_regular_files(use_bwrap):
               "open('ok', 'w').write('1')")
     res = run_python(script, read_back=("link", "fifo", "dir", "ok"), use_bwrap=use_bwrap)
     assert res.status == "ok" and res.files == {"ok": b"1"}, res
+
+
+def test_private_tmp_is_mounted_before_the_binds():
+    """Binds go on top of the sandbox's tmpfs /tmp, so an interpreter or venv that lives under /tmp
+    (e.g. a CI checkout there) stays visible inside; a later tmpfs would hide it."""
+    from rewards.sandbox import _bwrap_argv
+    if shutil.which("bwrap") is None:
+        pytest.skip("no bwrap")
+    argv = _bwrap_argv("/tmp/some-scratch", gpu=False, tmp_mb=64)
+    tmpfs = argv.index("--tmpfs")
+    binds = [i for i, a in enumerate(argv) if a in ("--ro-bind", "--bind", "--dev-bind")]
+    assert argv[tmpfs + 1] == "/tmp" and binds and min(binds) > tmpfs
