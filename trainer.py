@@ -274,16 +274,11 @@ def all_sum(values: list[float], device) -> list[float]:
     return t.tolist()
 
 
-def all_max(value: int, device) -> int:
-    t = torch.tensor([value], dtype=torch.int64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
-
-
-def all_max_float(value: float, device) -> float:
+def all_max(value, device):
+    """Max over ranks of an int or float, returned as the same type."""
     t = torch.tensor([value], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
+    return type(value)(t.item())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -531,10 +526,15 @@ def make_optimizer(cfg: Config, model, total_steps: int):
     return optim, torch.optim.lr_scheduler.LambdaLR(optim, lr_at)
 
 
+def clip_grad_norm(model, max_norm: float) -> float:
+    """Clip the model's gradients to a global norm; -> the norm before clipping (FSDP2: all shards)."""
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+
 def optimizer_step(run: Run) -> tuple[float, bool]:
     """Clip, check finite, step. -> (grad norm, applied). A non-finite grad skips the update."""
-    norm = torch.nn.utils.clip_grad_norm_(run.policy.parameters(), run.cfg.grad_clip)
-    norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    norm = clip_grad_norm(run.policy, run.cfg.grad_clip)
     applied = math.isfinite(norm)
     if applied:
         run.optim.step()
@@ -671,8 +671,7 @@ def prime_step(run: Run, rows: list[Row], outcome: torch.Tensor) -> tuple[torch.
             for j, i in enumerate(mb):
                 token_r[i, T - len(rows[i].response):] = r[j, r.shape[1] - len(rows[i].response):].detach().cpu()
     forward(with_grad=True)
-    norm = torch.nn.utils.clip_grad_norm_(run.prm.parameters(), cfg.grad_clip)
-    norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    norm = clip_grad_norm(run.prm, cfg.grad_clip)
     if math.isfinite(norm):
         run.prm_optim.step()
     run.prm_optim.zero_grad(set_to_none=True)
@@ -724,7 +723,7 @@ def policy_update(run: Run, rows: list[Row]) -> dict:
         stats["grad_norm"] += norm / cfg.mini_batches
     summed = all_sum([stats[k] for k in ("loss", "clip_frac", "approx_kl", "entropy")], run.device)
     stats.update(zip(("loss", "clip_frac", "approx_kl", "entropy"), summed))
-    stats["ratio_max"] = all_max_float(stats["ratio_max"], run.device)
+    stats["ratio_max"] = all_max(float(stats["ratio_max"]), run.device)
     return stats
 
 

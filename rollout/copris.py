@@ -109,17 +109,20 @@ class CoprisScheduler:
         sampling: all rewards equal; PRIME: accuracy out of range); collection goes on until B are kept.
         More than max_dropped rejections in one call is an error (the filter rejects everything)."""
         self.stats = RolloutStats()
-        open_groups: list[Group] = self.buffer
-        self.buffer = []
-        done = [g for g in open_groups if g.complete]
-        open_groups = [g for g in open_groups if not g.complete]
+        carried, self.buffer = self.buffer, []
+        done = [g for g in carried if g.complete]  # kept by keep_group when they completed last call
+        open_groups = []
+        for g in carried:
+            if g.complete:
+                continue
+            for t in g.samples:  # a trajectory already at its length limit finishes as truncated
+                if not t.finished and len(t.tokens) >= self._limit(t):
+                    t.finish_reason = "length"
+            if not g.complete:
+                open_groups.append(g)
+            elif self._accept(g, keep_group, max_dropped, engine, {}):
+                done.append(g)
         waiting = [t for g in open_groups for t in g.samples if not t.finished]  # resumed first
-        for t in waiting:  # a trajectory already at its length limit finishes as truncated
-            if len(t.tokens) >= self._limit(t):
-                t.finish_reason = "length"
-        waiting = [t for t in waiting if not t.finished]
-        done += [g for g in open_groups if g.complete]
-        open_groups = [g for g in open_groups if not g.complete]
         drawn = len(open_groups) + len(done)  # groups counted against the sync-mode budget
         running: dict[str, Trajectory] = {}
         while len(done) < self.groups:
@@ -150,19 +153,25 @@ class CoprisScheduler:
             for g in open_groups:
                 if not g.complete:
                     still_open.append(g)
-                elif keep_group is None or keep_group(g):
+                elif self._accept(g, keep_group, max_dropped, engine, running):
                     done.append(g)
-                else:
-                    self.stats.dropped_groups += 1
-                    if self.stats.dropped_groups > max_dropped:
-                        engine.abort(list(running))
-                        raise RuntimeError(f"keep_group rejected {self.stats.dropped_groups} groups in one step "
-                                           f"(every group filtered?): check the reward or the filter range")
             open_groups = still_open
         engine.abort(list(running))
         self.stats.aborted = len(running)
         self.buffer = open_groups + done[self.groups:]
         return done[:self.groups], self.stats
+
+    def _accept(self, g: Group, keep_group, max_dropped: int, engine, running: dict) -> bool:
+        """keep_group's verdict on a group that just completed; rejections are counted, and past
+        max_dropped the call fails (after aborting what runs)."""
+        if keep_group is None or keep_group(g):
+            return True
+        self.stats.dropped_groups += 1
+        if self.stats.dropped_groups > max_dropped:
+            engine.abort(list(running))
+            raise RuntimeError(f"keep_group rejected {self.stats.dropped_groups} groups in one step "
+                               f"(every group filtered?): check the reward or the filter range")
+        return False
 
     # -- resumable state ----------------------------------------------------------------------
     def state_dict(self) -> dict:
