@@ -13,8 +13,10 @@ appended stage by stage for the tokens sampled in that stage (the trainer's reco
 the policy that sampled them, or the engine's own values). The loss's ratio for token t is
 exp(logp_t - old_t) against the policy of the stage that sampled t.
 
-enabled=False is synchronous rollout through the same code: P = B*n, exactly B prompts drawn,
-every request runs to the end.
+enabled=False is synchronous rollout through the same code: P = B*n and at most B groups open or
+kept at any time, so every request runs to the end and nothing is aborted or buffered; a group that
+keep_group rejects is replaced by a newly drawn one. In both modes more than `max_dropped`
+rejections in one call is an error, and so is a state with nothing in flight and nothing to draw.
 
 The engine needs: add(req_id, prompt_ids, params), step() -> [Delta], abort(req_ids),
 sampling(max_tokens, temperature, top_p, seed, stop_token_ids, ignore_eos) (rollout/vllm_engine.py).
@@ -90,10 +92,7 @@ class CoprisScheduler:
     def _limit(self, t: Trajectory) -> int:
         return self.max_response_len if self.forced_len is None else self.forced_len(t.prompt_id, t.sample)
 
-    def _submit(self, engine, t: Trajectory, version: int) -> str:
-        if self.staleness_cap is not None and t.versions and version - t.versions[0] > self.staleness_cap:
-            t.tokens, t.logprobs, t.versions, t.old_logprobs = [], [], [], []
-            self.stats.restarted_stale += 1
+    def _submit(self, engine, t: Trajectory) -> str:
         req_id = f"p{t.prompt_id}-s{t.sample}-g{t.segments}"
         params = engine.sampling(self._limit(t) - len(t.tokens), self.temperature, self.top_p,
                                  request_seed(self.seed, t.prompt_id, t.sample, t.segments),
@@ -109,34 +108,22 @@ class CoprisScheduler:
         sampling: all rewards equal; PRIME: accuracy out of range); collection goes on until B are kept.
         More than max_dropped rejections in one call is an error (the filter rejects everything)."""
         self.stats = RolloutStats()
-        carried, self.buffer = self.buffer, []
-        done = [g for g in carried if g.complete]  # kept by keep_group when they completed last call
-        open_groups = []
-        for g in carried:
-            if g.complete:
-                continue
-            for t in g.samples:  # a trajectory already at its length limit finishes as truncated
-                if not t.finished and len(t.tokens) >= self._limit(t):
-                    t.finish_reason = "length"
-            if not g.complete:
-                open_groups.append(g)
-            elif self._accept(g, keep_group, max_dropped, engine, {}):
-                done.append(g)
+        done, open_groups = self._resume(engine, version, keep_group, max_dropped)
         waiting = [t for g in open_groups for t in g.samples if not t.finished]  # resumed first
-        drawn = len(open_groups) + len(done)  # groups counted against the sync-mode budget
         running: dict[str, Trajectory] = {}
         while len(done) < self.groups:
-            while len(running) < self.P:
+            # sync mode: a new group only while fewer than B are open or kept (a rejected one is replaced)
+            while len(running) < self.P and (waiting or self.enabled or len(open_groups) + len(done) < self.groups):
                 if not waiting:
-                    if not self.enabled and drawn >= self.groups:
-                        break
                     prompt_id, prompt_ids, row = draw_prompt()
                     g = Group(prompt_id, row, [Trajectory(prompt_id, i, list(prompt_ids)) for i in range(self.n)])
                     open_groups.append(g)
                     waiting = list(g.samples)
-                    drawn += 1
                 t = waiting.pop(0)
-                running[self._submit(engine, t, version)] = t
+                running[self._submit(engine, t)] = t
+            if not running:
+                raise RuntimeError(f"CoPRIS collect: nothing in flight and nothing to draw with {len(done)} of "
+                                   f"{self.groups} groups kept (concurrency={self.P}, {len(open_groups)} open)")
             self.stats.max_in_flight = max(self.stats.max_in_flight, len(running))
             self.stats.busy_slot_steps += len(running)
             self.stats.engine_steps += 1
@@ -161,6 +148,31 @@ class CoprisScheduler:
         self.buffer = open_groups + done[self.groups:]
         return done[:self.groups], self.stats
 
+    def _resume(self, engine, version: int, keep_group, max_dropped: int) -> tuple[list[Group], list[Group]]:
+        """Split the buffer into (complete and kept, open). First the unfinished trajectories are
+        prepared: one whose first token is more than staleness_cap versions old restarts from
+        scratch; one already at its length limit finishes as truncated, and a group that completes
+        this way goes through keep_group like any other."""
+        done, open_groups = [], []
+        for g in self.buffer:
+            if g.complete:  # kept by keep_group when it completed last call
+                done.append(g)
+                continue
+            for t in g.samples:
+                if t.finished:
+                    continue
+                if self.staleness_cap is not None and t.versions and version - t.versions[0] > self.staleness_cap:
+                    t.tokens, t.logprobs, t.versions, t.old_logprobs = [], [], [], []
+                    self.stats.restarted_stale += 1
+                elif len(t.tokens) >= self._limit(t):
+                    t.finish_reason = "length"
+            if not g.complete:
+                open_groups.append(g)
+            elif self._accept(g, keep_group, max_dropped, engine, {}):
+                done.append(g)
+        self.buffer = []
+        return done, open_groups
+
     def _accept(self, g: Group, keep_group, max_dropped: int, engine, running: dict) -> bool:
         """keep_group's verdict on a group that just completed; rejections are counted, and past
         max_dropped the call fails (after aborting what runs)."""
@@ -175,9 +187,13 @@ class CoprisScheduler:
 
     # -- resumable state ----------------------------------------------------------------------
     def state_dict(self) -> dict:
+        """The partial buffer as plain data (JSON-safe when rows and score infos are); it shares the
+        trajectories' lists, so save it before the next collect."""
         return {"buffer": [{"prompt_id": g.prompt_id, "row": g.row, "samples": [vars(t) for t in g.samples],
                             "scores": g.scores} for g in self.buffer]}
 
     def load_state_dict(self, state: dict) -> None:
-        self.buffer = [Group(g["prompt_id"], g["row"], [Trajectory(**t) for t in g["samples"]], g["scores"])
+        """Restore the buffer; scores come back as (reward, info) tuples whatever the container did."""
+        self.buffer = [Group(g["prompt_id"], g["row"], [Trajectory(**t) for t in g["samples"]],
+                             None if g["scores"] is None else [tuple(s) for s in g["scores"]])
                        for g in state["buffer"]]
