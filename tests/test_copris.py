@@ -1,4 +1,5 @@
-"""CoPRIS partial rollout on the real CPU engine (tests/copris_worker.py in a subprocess)."""
+"""CoPRIS partial rollout on the real CPU engine (tests/copris_worker.py in a subprocess): only what
+needs vLLM. The scheduler's logic is covered against a fake engine in tests/test_copris_unit.py."""
 import json
 import os
 import subprocess
@@ -7,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from rollout.copris import CoprisScheduler
 from trainer import PromptSource
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,43 +22,39 @@ def result(tiny):
     return json.loads(line[0][7:])
 
 
-def test_concurrency_is_exactly_P_while_work_remains(result):
-    assert result["counts_max"] == 8 and result["counts_min"] == 8
+def test_engine_holds_exactly_P_requests_at_every_step(result):
+    bad = [(i, c) for i, c in enumerate(result["in_flight"]) if c != result["P"]]
+    assert not bad, f"{len(bad)} steps where vLLM's unfinished count is not P={result['P']}; (step, count): {bad[:10]}"
 
 
-def test_stops_at_B_complete_groups_and_buffers_the_rest(result):
-    assert result["stage1"]["groups"] == 2 and result["stage2"]["groups"] == 2
-    assert result["stage1"]["aborted"] > 0 and result["stage1"]["buffer_groups"] > 0
-    assert result["stage1"]["unstarted"] < 4  # new prompts are drawn only when a slot is free
-    assert result["groups_ok"] and result["lengths_ok"]
+def test_groups_stop_at_their_forced_lengths_and_the_rest_is_aborted(result):
+    assert result["aborted"][0] > 0, f"aborted per stage {result['aborted']}: stage 1 left nothing in the buffer"
+    assert [g["stage"] for g in result["groups"]] == [1, 1, 2, 2], f"stages of the returned groups {result['groups']}"
+    for g in result["groups"]:
+        assert [s["sample"] for s in g["samples"]] == [0, 1, 2, 3], f"group {g['prompt_id']}: samples {g['samples']}"
+        for s in g["samples"]:
+            assert (s["prompt_id"], s["len"], s["finish_reason"]) == (g["prompt_id"], s["forced"], "length"), \
+                f"stage {g['stage']} group {g['prompt_id']} sample {s['sample']}: {s}, expected {s['forced']} tokens"
 
 
-def test_resumed_tokens_and_logprobs_come_from_their_stage(result):
-    assert result["resumed"] > 0
-    assert result["concat_ok"]
-    assert result["stage_logprob_max_err"] < 1e-4  # each token's log-prob under the weights that sampled it
-
-
-def test_buffer_roundtrip_staleness_and_sync_mode(result):
-    assert result["buffer_roundtrip_ok"]
-    assert result["partial_before"] > 0 and result["restarted_stale"] == result["partial_before"]
-    assert result["sync"] == {"groups": 2, "aborted": 0, "buffer": 0, "max_in_flight": 8}
-
-
-def test_dynamic_sampling_keeps_collecting_until_B_groups_pass(result):
-    d = result["dynamic"]
-    assert d["groups"] == 2 and d["even"] and d["dropped"] >= 1
-    assert d["min_in_flight"] == d["max_in_flight"] == 8
+def test_tokens_across_an_abort_have_the_logprobs_of_the_weights_that_sampled_them(result):
+    assert result["resumed"], "no trajectory was sampled in both stages: the test checks nothing"
+    for r in result["resumed"]:
+        where = f"group {r['prompt_id']} sample {r['sample']}"
+        assert r["tokens"] == sum(r["segments"], []), f"{where}: tokens {r['tokens']}, streamed segments {r['segments']}"
+        assert len(r["logprobs"]) == len(r["versions"]) == len(r["tokens"]), f"{where}: lengths differ {r}"
+        for k, (lp, v) in enumerate(zip(r["logprobs"], r["versions"])):
+            assert abs(lp - r["ref"][v][k]) < 1e-4, \
+                f"{where} token {k} (version {v}): engine log-prob {lp}, HF under version {v}: {r['ref'][v][k]}"
+    # the versions differ enough that a token credited to the wrong stage would fail above
+    gap = max(abs(a - b) for r in result["resumed"] for a, b in zip(*r["ref"]))
+    assert gap > 1e-2, f"the weight push changed log-probs by at most {gap}"
 
 
 def test_ranks_draw_disjoint_prompts():
     rows = [{"prompt_ids": [i]} for i in range(10)]
     a, b = PromptSource(rows, 0, 0, 2), PromptSource(rows, 0, 1, 2)
     da, db = [a.draw()[0] for _ in range(5)], [b.draw()[0] for _ in range(5)]
-    assert not set(da) & set(db) and len(set(da + db)) == 10  # one epoch, split between ranks
-    assert [a.draw()[0] // 10 for _ in range(5)] == [1] * 5  # next epoch: new ids, reshuffled
-
-
-def test_scheduler_state_is_json():
-    s = CoprisScheduler(2, 1, 4, 8, 1.0, 1.0, [0], seed=0)
-    assert json.loads(json.dumps(s.state_dict())) == {"buffer": []}
+    assert not set(da) & set(db) and len(set(da + db)) == 10, f"rank 0 drew {da}, rank 1 drew {db}"
+    nxt = [a.draw()[0] for _ in range(5)]
+    assert [p // 10 for p in nxt] == [1] * 5, f"next epoch drew {nxt}: ids must be epoch * 10 + row"
