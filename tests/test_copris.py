@@ -41,7 +41,8 @@ def test_tokens_across_an_abort_have_the_logprobs_of_the_weights_that_sampled_th
     assert result["resumed"], "no trajectory was sampled in both stages: the test checks nothing"
     for r in result["resumed"]:
         where = f"group {r['prompt_id']} sample {r['sample']}"
-        assert r["tokens"] == sum(r["segments"], []), f"{where}: tokens {r['tokens']}, streamed segments {r['segments']}"
+        assert r["tokens"] == sum(r["segments"], []), \
+            f"{where}: tokens {r['tokens']}, streamed segments {r['segments']}"
         assert len(r["logprobs"]) == len(r["versions"]) == len(r["tokens"]), f"{where}: lengths differ {r}"
         for k, (lp, v) in enumerate(zip(r["logprobs"], r["versions"])):
             assert abs(lp - r["ref"][v][k]) < 1e-4, \

@@ -116,14 +116,16 @@ def check_tokens(t: Trajectory) -> None:
     assert len(t.tokens) == len(t.logprobs) == len(t.versions), \
         f"{where}: {len(t.tokens)} tokens, {len(t.logprobs)} log-probs, {len(t.versions)} versions"
     for k, (tok, lp, v) in enumerate(zip(t.tokens, t.logprobs, t.versions)):
-        assert tok == token(t.prompt_id, t.sample, k), f"{where} token {k}: {tok}, expected {token(t.prompt_id, t.sample, k)}"
+        want = token(t.prompt_id, t.sample, k)
+        assert tok == want, f"{where} token {k}: {tok}, expected {want}"
         assert lp == logp(t.prompt_id, t.sample, k, v), \
             f"{where} token {k}: log-prob {lp}, version {v} gave {logp(t.prompt_id, t.sample, k, v)}"
 
 
 def check_complete(g: Group, n: int, limit: int) -> None:
     """g holds samples 0..n-1 of its prompt, each run to its natural end or to the length limit."""
-    assert [t.sample for t in g.samples] == list(range(n)), f"group {g.prompt_id}: samples {[t.sample for t in g.samples]}"
+    samples = [t.sample for t in g.samples]
+    assert samples == list(range(n)), f"group {g.prompt_id}: samples {samples}"
     for t in g.samples:
         L = stop_len(g.prompt_id, t.sample)
         want = (L, "stop") if L <= limit else (limit, "length")
@@ -217,7 +219,8 @@ def test_resume_submits_buffered_trajectories_first_with_their_tokens_and_reduce
         assert max_tokens == 16 - k, f"{where}: max_tokens {max_tokens} with {k} tokens, expected {16 - k}"
     for t, k in carried:
         if t.finished:
-            assert t.versions == [0] * k + [1] * (len(t.tokens) - k), f"group {t.prompt_id} sample {t.sample}: versions {t.versions}"
+            assert t.versions == [0] * k + [1] * (len(t.tokens) - k), \
+                f"group {t.prompt_id} sample {t.sample}: versions {t.versions}, {k} tokens from stage 1"
     for g in groups:
         check_complete(g, 4, 16)
 
@@ -236,9 +239,11 @@ def test_trajectory_at_its_limit_on_resume_finishes_as_truncated():
         where, rid = f"group {t.prompt_id} sample {t.sample}", f"p{t.prompt_id}-s{t.sample}"
         if len(tokens) >= 3:
             assert rid not in submitted and t.finish_reason == "length" and t.tokens == tokens, \
-                f"{where} at the limit with {len(tokens)} tokens: submitted {submitted.get(rid)}, {t.finish_reason}, {t.tokens}"
+                f"{where} at the limit with {len(tokens)} tokens: max_tokens {submitted.get(rid)}, " \
+                f"{t.finish_reason}, {t.tokens}"
         else:
-            assert submitted.get(rid) == 3 - len(tokens), f"{where}: {len(tokens)} tokens, max_tokens {submitted.get(rid)}"
+            assert submitted.get(rid) == 3 - len(tokens), \
+                f"{where}: {len(tokens)} tokens, max_tokens {submitted.get(rid)}"
 
 
 @pytest.mark.parametrize("keep", [True, False])
@@ -253,7 +258,11 @@ def test_group_completed_by_truncation_at_resume_goes_through_keep_group(keep, l
     full = Trajectory(7, 1, prompt(7), [token(7, 1, k) for k in range(4)], [-0.5] * 4, [0] * 4, segments=1)
     sched.buffer = [Group(7, {"id": 7}, [done, full])]
     calls, eng = [], FakeEngine(1)
-    groups, stats = sched.collect(eng, Prompts(start=8), 1, keep_group=lambda g: calls.append(g.prompt_id) or keep or g.prompt_id != 7)
+
+    def keep_group(g: Group) -> bool:
+        calls.append(g.prompt_id)
+        return keep or g.prompt_id != 7
+    groups, stats = sched.collect(eng, Prompts(start=8), 1, keep_group=keep_group)
     assert calls[:1] == [7], f"keep_group asked about {calls}: group 7 (complete by truncation) first"
     assert full.finish_reason == "length", f"group 7 sample 1: finish_reason {full.finish_reason}"
     assert not any(rid.startswith("p7-") for rid, _, _ in eng.adds), f"group 7 resubmitted: {eng.adds}"
@@ -281,7 +290,8 @@ def test_staleness_cap_restarts_old_partial_trajectories(cap, restarts):
         ids, max_tokens = adds[f"p{t.prompt_id}-s{t.sample}"]
         kept = 0 if restarts else k
         assert (len(ids) - PROMPT_LEN, max_tokens) == (kept, 16 - kept), \
-            f"cap {cap} group {t.prompt_id} sample {t.sample}: resubmitted with {len(ids) - PROMPT_LEN} of {k} tokens, max_tokens {max_tokens}"
+            f"cap {cap} group {t.prompt_id} sample {t.sample}: resubmitted with {len(ids) - PROMPT_LEN} " \
+            f"of {k} tokens, max_tokens {max_tokens}"
         assert (0 in t.versions) != restarts, f"cap {cap} group {t.prompt_id} sample {t.sample}: versions {t.versions}"
         check_tokens(t)
     for t, tokens in finished:
@@ -356,7 +366,8 @@ def assert_same_groups(got: list[Group], want: list[Group], what: str) -> None:
         for s, t in zip(a.samples, b.samples):
             for f in fields(Trajectory):
                 assert getattr(s, f.name) == getattr(t, f.name), \
-                    f"{what}: group {b.prompt_id} sample {t.sample} {f.name}: {getattr(s, f.name)!r} != {getattr(t, f.name)!r}"
+                    f"{what}: group {b.prompt_id} sample {t.sample} {f.name}: " \
+                    f"{getattr(s, f.name)!r} != {getattr(t, f.name)!r}"
 
 
 def test_buffer_round_trip_through_json_restores_every_field_and_the_continuation():
