@@ -7,6 +7,8 @@ rloo_advantages: a_i = r_i - mean_{j != i} r_j = K/(K-1) * (r_i - mean_g).
 """
 import torch
 
+from kernels import discounted_returns
+
 
 def _groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     if rewards.dim() != 1 or rewards.numel() % group_size:
@@ -35,15 +37,15 @@ def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
 
 def prime_advantages(outcome: torch.Tensor, token_rewards: torch.Tensor, mask: torch.Tensor, group_size: int,
                      gamma: float = 1.0, outcome_coef: float = 1.0, process_coef: float = 1.0,
-                     whiten: bool = True) -> torch.Tensor:
+                     whiten: bool = True, reduce=None) -> torch.Tensor:
     """PRIME advantages (paper Eq. 5), (B,) outcomes and (B, T) token rewards -> (B, T).
 
     process_i,t = sum_{s >= t} gamma^(s-t) [r_i,s - mean_{j != i} (sum_s r_j,s / |y_j|)]   (RLOO baseline)
     outcome_i   = r_o(i) - mean_{j != i} r_o(j), the same at every valid token
-    A = process_coef * process + outcome_coef * outcome; whiten: (A - mean) / sqrt(var + 1e-8) over
-    valid tokens (unbiased var); 0 where mask is 0. Both coefficients take effect (PRIME's own code
-    ignores them)."""
-    from kernels import discounted_returns
+    A = process_coef * process + outcome_coef * outcome; whiten: (A - mean) / sqrt(var + 1e-8) over the valid
+    tokens of the whole batch (unbiased var); 0 where mask is 0. Both coefficients take effect (PRIME's own code
+    ignores them). reduce(t) -> t summed over ranks (a (3,) tensor of count, sum, sum of squares): with it the
+    whitening statistics cover every rank's rows, so the result does not depend on the number of ranks."""
     m = mask.float()  # (B, T)
     r = token_rewards.float() * m  # (B, T)
     seq_mean = r.sum(1) / m.sum(1).clamp(min=1)  # (B,) each sample's mean token reward
@@ -51,10 +53,11 @@ def prime_advantages(outcome: torch.Tensor, token_rewards: torch.Tensor, mask: t
     out = outcome.float() - _others_mean(outcome.float(), group_size)  # (B,)
     adv = (process_coef * process + outcome_coef * out[:, None]) * m  # (B, T)
     if whiten:
-        n = m.sum()
-        mean = adv.sum() / n
-        var = ((adv - mean) ** 2 * m).sum() / (n - 1).clamp(min=1)
-        adv = (adv - mean) * torch.rsqrt(var + 1e-8) * m
+        stats = torch.stack([m.sum(), adv.sum(), (adv * adv).sum()]).double()  # (3,) count, sum, sum of squares
+        n, s1, s2 = (stats if reduce is None else reduce(stats)).tolist()
+        mean = s1 / max(n, 1.0)
+        var = max(s2 - n * mean * mean, 0.0) / max(n - 1, 1.0)
+        adv = (adv - mean) * (var + 1e-8) ** -0.5 * m
     return adv
 
 

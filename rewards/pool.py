@@ -7,29 +7,20 @@ pool.close()
 Each worker is its own spawned process fed one job at a time over a pipe. A job that outlives
 `timeout_s` gets its worker killed and replaced and scores 0 with reason "timeout"; a worker that
 dies (segfault, os._exit) scores 0 with reason "crash". Neither stops the batch, and nothing else
-in the batch is scored 0 for it. `score_row` dispatches on the row's `task` field.
+in the batch is scored 0 for it. The default job function is rewards.tasks.score_row (by the row's `task`).
+The workers ignore SIGINT and SIGTERM: the trainer decides when the run stops.
 """
 import multiprocessing as mp
+import signal
 import time
 from multiprocessing.connection import wait
 
-
-def score_row(row: dict, completion: str) -> tuple[float, dict]:
-    """Reward of one completion for one data row, by row["task"]."""
-    task = row.get("task", "math")
-    if task == "math":
-        from rewards.math import math_reward
-        return math_reward(completion, row["answer"])
-    if task == "triton":
-        from rewards.triton_kernel import triton_reward
-        return triton_reward(completion, row)
-    if task == "code":
-        from rewards.code import code_reward
-        return code_reward(completion, row["tests"])
-    return 0.0, {"reason": "unknown_task", "task": task}
+from rewards.tasks import score_row
 
 
 def _worker(conn, fn) -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):  # the trainer owns shutdown: a Ctrl-C or SIGTERM meant for the
+        signal.signal(sig, signal.SIG_IGN)     # run must not kill its reward workers mid-batch
     while True:
         job = conn.recv()
         if job is None:

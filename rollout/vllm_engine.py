@@ -24,6 +24,10 @@ from vllm import LLM, SamplingParams
 from vllm.sampling_params import RequestOutputKind
 
 
+class EngineStartError(RuntimeError):
+    """The engine did not start; the message says what to change."""
+
+
 @dataclass
 class Delta:
     """What one engine step produced for one request."""
@@ -67,7 +71,7 @@ class RolloutEngine:
             self.engine = self.llm.llm_engine
             self.generate([[0]], [self.sampling(1, 1.0, 1.0, 0, [])])  # some failures (CPU head_dim) show only here
         except Exception as e:  # engine start failures are user-fixable config problems: say what to change
-            raise RuntimeError(engine_start_hint(e, cfg)) from e
+            raise EngineStartError(engine_start_hint(e, cfg)) from e
         self.sleeping = False
 
     # -- requests ---------------------------------------------------------------------------
@@ -99,8 +103,10 @@ class RolloutEngine:
     def num_unfinished(self) -> int:
         return self.engine.get_num_unfinished_requests()
 
-    def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[tuple[list[int], list[float]]]:
-        """Run a fixed batch to completion: (token ids, log-probs) per prompt, in order."""
+    def generate(self, prompts: list[list[int]], params: list[SamplingParams],
+                 on_finish=None) -> list[tuple[list[int], list[float]]]:
+        """Run a fixed batch to completion: (token ids, log-probs) per prompt, in order. on_finish(n): n more
+        requests finished (a progress bar)."""
         done: dict[str, tuple[list[int], list[float]]] = {}
         for i, (p, sp) in enumerate(zip(prompts, params)):
             self.add(f"gen-{i}", p, sp)
@@ -109,6 +115,8 @@ class RolloutEngine:
             for d in self.step():
                 done[d.req_id][0].extend(d.token_ids)
                 done[d.req_id][1].extend(d.logprobs)
+                if d.finished and on_finish is not None:
+                    on_finish(1)
         return [done[f"gen-{i}"] for i in range(len(prompts))]
 
     def prompt_logprobs(self, ids: list[int]) -> list[float]:

@@ -1,39 +1,39 @@
-"""PRIME's PRM step on a real 1-rank FSDP2 setup; prints what tests/test_prime.py checks as JSON.
+"""PRIME's PRM on a real 1-rank FSDP2 setup (rewards/prime.py); prints raw values for tests/test_prime.py as JSON.
 Run: python tests/prime_worker.py MODEL_DIR"""
 import json
 import sys
 
 import torch
 
+import model
 import trainer
+from rewards.prime import Prime
 
 
 def main(model_dir):
-    rank, world, device = trainer.init_distributed()
+    rank, world, device = model.init_distributed()
     cfg = trainer.Config(model_path=model_dir, token_budget=512, n_samples=2)
     cfg.prime.enabled, cfg.prime.lr, cfg.prime.beta = True, 1e-2, 0.5
-    run = trainer.Run(cfg, rank, world, device, None, None, None, None, None)
-    run.ref = trainer.build_model(model_dir, device, trainable=False)
-    run.prm = trainer.build_model(model_dir, device, trainable=True)
-    run.prm_optim = torch.optim.AdamW(run.prm.parameters(), lr=cfg.prime.lr)
+    ref = model.build_model(model_dir, device, trainable=False)
+    prime = Prime(cfg, device, lambda batch: model.response_logprobs(ref, batch, device, 1.0))
     g = torch.Generator().manual_seed(0)
-    rows = [trainer.Row(torch.randint(5, 300, (6,), generator=g).tolist(), torch.randint(5, 300, (n,), generator=g).tolist())
+    rows = [model.Row(torch.randint(5, 300, (6,), generator=g).tolist(), torch.randint(5, 300, (n,), generator=g).tolist())
             for n in (3, 7, 5, 4)]
     outcome = torch.tensor([1.0, 0.0, 1.0, 0.0])
-    out = {"losses": [], "first_rewards_zero": None}
-    r0, s0 = trainer.prime_step(run, rows, outcome)  # PRM == ref: rewards exactly 0 before any update (after mode)
-    out["first_rewards_zero"] = bool(torch.all(r0 == 0))
-    out["losses"].append(s0["prm_loss"])
-    for _ in range(4):
-        r, s = trainer.prime_step(run, rows, outcome)
-        out["losses"].append(s["prm_loss"])
-    out["acc"] = s["prm_acc"]
-    cfg.prime.update = "before"  # update first, then recompute: rewards reflect the updated PRM
-    before_loss = s["prm_loss"]
-    rb, sb = trainer.prime_step(run, rows, outcome)
-    seq = rb.sum(1)
-    out["before_mode_loss_lower"] = float(torch.nn.functional.binary_cross_entropy_with_logits(seq, outcome)) < before_loss
-    out["reward_layout_ok"] = all(float(rb[i, : rb.shape[1] - len(r.response)].abs().sum()) == 0 for i, r in enumerate(rows))
+    out = {"after": [], "before": {}}
+    for _ in range(5):  # update=after: the rewards used are those of the PRM before its step
+        before_step = prime.forward(rows, outcome, train=False)[0]
+        used, stats = prime.step(rows, outcome)
+        out["after"].append({"loss": stats["prm_loss"], "acc": stats["prm_acc"],
+                             "used": [r.tolist() for r in used], "pre_update": [r.tolist() for r in before_step]})
+    prime.recompute = True  # update=before: the rewards used are those of the PRM after its step
+    used, _ = prime.step(rows, outcome)
+    fresh = prime.forward(rows, outcome, train=False)[0]
+    out["before"] = {"used": [r.tolist() for r in used], "fresh": [r.tolist() for r in fresh]}
+    stats = prime(rows, outcome)  # advantages on every row, one per response token
+    out["adv"] = [r.adv.tolist() for r in rows]
+    out["lengths"] = [len(r.response) for r in rows]
+    out["stats_keys"] = sorted(stats)
     print("RESULT " + json.dumps(out))
 
 

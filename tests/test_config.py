@@ -75,7 +75,7 @@ def test_cli_exits_nonzero_without_traceback(base):
 
 
 def test_malformed_rows_name_file_and_line(tmp_path):
-    from trainer import load_rows
+    from data.rows import load_rows
     f = tmp_path / "d.jsonl"
     f.write_text('{"prompt": "a", "answer": "1"}\n{"prompt": "b"}\n')
     with pytest.raises(ConfigError, match=r"d.jsonl:2: missing key 'answer'"):

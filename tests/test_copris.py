@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer import PromptSource
+from data.rows import PromptSource
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from trainer import ConfigError, load_config, load_rows, tokenize_prompts
+from config import ConfigError
+from data.rows import load_rows, tokenize_prompts
+from trainer import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 VERL_ROW = {"data_source": "gsm8k", "prompt": [{"role": "user", "content": "What is 2+3?"}],
@@ -21,7 +23,7 @@ def test_parquet_round_trip_and_verl_layout(tmp_path):
     ours = [{"prompt": "Ann has 3 apples. Answer:", "answer": "3", "task": "math"}]
     pq.write_table(pa.Table.from_pylist(ours), tmp_path / "ours.parquet")
     rows = load_rows(str(tmp_path / "ours.parquet"), "rl")
-    assert rows == [{**ours[0], "data_source": "default"}]
+    assert rows == [{**ours[0], "data_source": "default", "_where": f"{tmp_path / 'ours.parquet'}:1"}]
     pq.write_table(pa.Table.from_pylist([VERL_ROW]), tmp_path / "verl.parquet")
     (row,) = load_rows(str(tmp_path / "verl.parquet"), "rl")
     assert row["answer"] == "5" and row["task"] == "math" and row["data_source"] == "gsm8k"

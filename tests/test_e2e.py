@@ -35,7 +35,8 @@ def sft_then_rl(tiny, tmp_path_factory):
 
 def test_sft_writes_metrics_and_export(sft_then_rl):
     out, _ = sft_then_rl
-    rows = [json.loads(l) for l in open(out / "sft" / "metrics.jsonl")]
+    first, *rows = [json.loads(l) for l in open(out / "sft" / "metrics.jsonl")]
+    assert first["step"] == 0 and first["data/train_rows"] + first["data/train_skipped"] == 400, first
     assert [r["step"] for r in rows] == [1, 2, 3] and all(r["sft_loss"] > 0 for r in rows)
     assert (out / "sft" / "export" / "model.safetensors").is_file()
 

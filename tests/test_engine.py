@@ -10,11 +10,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 PARITY = r'''
 import json, sys, torch
-import trainer
+import model, trainer
 from rollout.vllm_engine import EngineConfig, RolloutEngine
 model_dir = sys.argv[1]
-rank, world, device = trainer.init_distributed()
-policy = trainer.build_model(model_dir, device, trainable=True)
+rank, world, device = model.init_distributed()
+policy = model.build_model(model_dir, device, trainable=True)
 engine = RolloutEngine(EngineConfig(model_dir, max_model_len=256, seed=0), distributed=True)
 from transformers import AutoTokenizer
 tok = AutoTokenizer.from_pretrained(model_dir)
@@ -24,18 +24,18 @@ out = {"engine_ids_equal": engine.llm.get_tokenizer()(text, add_special_tokens=F
 with torch.no_grad():  # move the policy away from the checkpoint the engine loaded
     for p in policy.parameters():
         p.add_(torch.randn_like(p) * 0.02)
-engine.push_weights(trainer.full_named_tensors(policy))
-row = trainer.Row(ids[:5], ids[5:])
+engine.push_weights(model.full_named_tensors(policy))
+row = model.Row(ids[:5], ids[5:])
 with torch.no_grad():
-    logp, _, _ = trainer.response_logprobs(policy, [row], device, temperature=1.0)
+    (logp,) = model.response_logprobs(policy, [row], device, temperature=1.0)
 v = torch.tensor(engine.prompt_logprobs(ids)[4:], dtype=torch.float64)
-out["prompt_logprob_max_diff"] = (logp[0].double() - v).abs().max().item()
+out["prompt_logprob_max_diff"] = (logp.double() - v).abs().max().item()
 # sampled tokens: the engine's sampling log-probs (temperature 0.7) vs the policy's at the same temperature
 prompt = ids[:20]
 toks, lps = engine.generate([prompt], [engine.sampling(24, 0.7, 1.0, 123, [tok.eos_token_id])])[0]
 with torch.no_grad():
-    logp, _, _ = trainer.response_logprobs(policy, [trainer.Row(prompt, toks)], device, temperature=0.7)
-out["sampled_logprob_max_diff"] = (logp[0].double() - torch.tensor(lps, dtype=torch.float64)).abs().max().item()
+    (logp,) = model.response_logprobs(policy, [model.Row(prompt, toks)], device, temperature=0.7)
+out["sampled_logprob_max_diff"] = (logp.double() - torch.tensor(lps, dtype=torch.float64)).abs().max().item()
 out["n_sampled"] = len(toks)
 # the same seed gives the same tokens whatever else runs in the batch
 again = engine.generate([prompt] * 3, [engine.sampling(24, 0.7, 1.0, s, [tok.eos_token_id]) for s in (7, 123, 9)])
@@ -43,19 +43,20 @@ out["seed_batch_invariant"] = again[1][0] == toks
 # one PPO update with non-zero advantages changes the policy; the next push brings the engine along
 cfg = trainer.Config(model_path=model_dir, lr=1e-2, token_budget=512)
 optim, sched = trainer.make_optimizer(cfg, policy, 10)
-run = trainer.Run(cfg, rank, world, device, tok, policy, optim, sched, None, engine=engine)
-before = {n: t.clone() for n, t in trainer.full_named_tensors(policy)}
-rows = [trainer.Row(prompt, toks, lps, 1.0), trainer.Row(prompt, toks[:5], lps[:5], -1.0)]
+run = trainer.Run(cfg, rank, world, device, None, tok, policy, optim, sched, engine=engine, agg=trainer.AGG_WEIGHT["token-mean"])
+before = {n: t.clone() for n, t in model.full_named_tensors(policy)}
+rows = [model.Row(prompt, toks, torch.tensor(lps), torch.ones(len(toks))),
+        model.Row(prompt, toks[:5], torch.tensor(lps[:5]), -torch.ones(5))]
 stats = trainer.policy_update(run, rows)
-after = dict(trainer.full_named_tensors(policy))
+after = dict(model.full_named_tensors(policy))
 out["update_changed_weights"] = any(not torch.equal(before[n], after[n]) for n in before)
 out["grad_norm"] = stats["grad_norm"]
 out["version"] = run.policy_version
 trainer.push_weights_if_stale(run)
 with torch.no_grad():
-    logp, _, _ = trainer.response_logprobs(policy, [row], device, temperature=1.0)
+    (logp,) = model.response_logprobs(policy, [row], device, temperature=1.0)
 v = torch.tensor(engine.prompt_logprobs(ids)[4:], dtype=torch.float64)
-out["after_update_max_diff"] = (logp[0].double() - v).abs().max().item()
+out["after_update_max_diff"] = (logp.double() - v).abs().max().item()
 engine.shutdown()
 print("RESULT " + json.dumps(out))
 '''

@@ -14,12 +14,21 @@ def test_prm_update_lowers_bce_and_update_modes(tiny):
     line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
     assert p.returncode == 0 and line, p.stderr[-3000:]
     out = json.loads(line[0][7:])
-    assert out["first_rewards_zero"]  # update=after: rewards come from the pre-update PRM (== reference)
-    losses = out["losses"]
+    after = out["after"]
+    assert all(x == 0.0 for r in after[0]["used"] for x in r), "the PRM starts equal to the reference: rewards 0"
+    for k, s in enumerate(after):  # update=after: the rewards used come from the PRM before its step
+        for i, (u, pre) in enumerate(zip(s["used"], s["pre_update"])):
+            assert max(abs(a - b) for a, b in zip(u, pre)) < 1e-5, f"step {k} row {i}: {u} vs pre-update {pre}"
+    losses = [s["loss"] for s in after]
     assert losses[0] > 0.69 and losses[-1] < losses[0] - 0.05, losses  # BCE falls on a fixed batch
-    assert out["acc"] >= 0.75
-    assert out["before_mode_loss_lower"]  # update=before: rewards recomputed after the update
-    assert out["reward_layout_ok"]
+    assert after[-1]["acc"] >= 0.75
+    b = out["before"]  # update=before: the rewards used equal a fresh forward of the updated PRM...
+    for i, (u, f) in enumerate(zip(b["used"], b["fresh"])):
+        assert max(abs(x - y) for x, y in zip(u, f)) < 1e-5, f"row {i}: used {u} vs fresh {f}"
+    moved = max(abs(x - y) for u, pre in zip(b["used"], after[-1]["used"]) for x, y in zip(u, pre))
+    assert moved > 1e-3, "...and differ from the previous step's rewards"
+    assert [len(a) for a in out["adv"]] == out["lengths"]
+    assert {"prm_loss", "prm_acc", "prm_grad_norm", "process_reward_mean", "process_reward_std"} <= set(out["stats_keys"])
 
 
 def test_two_rank_prime_run(tiny, tmp_path):
@@ -32,7 +41,7 @@ def test_two_rank_prime_run(tiny, tmp_path):
                         "--prime.lr=1e-3", "--lr=1e-4"], cwd=ROOT, capture_output=True, text=True, timeout=600,
                        env={**os.environ, "PYTHONPATH": str(ROOT), "VLLM_LOGGING_LEVEL": "ERROR"})
     assert p.returncode == 0, p.stderr[-3000:]
-    rows = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
+    rows = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")][1:]  # after the step-0 data line
     assert [r["step"] for r in rows] == [1, 2]
-    assert all(r["prm_loss"] > 0 and "process_reward_std" in r and r["time/prm"] > 0 for r in rows)
+    assert all(r["prm_loss"] > 0 and "process_reward_std" in r and r["time/advantages"] > 0 for r in rows)
     assert rows[1]["process_reward_std"] > 0  # the PRM moved away from the reference after step 1

@@ -39,8 +39,8 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tiny, tmp_path):
     p = subprocess.run(torchrun(args(tiny, ref)), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     want = metrics(ref)
-    assert [r["step"] for r in want] == [1, 2, 3, 4]
-    assert all(r["grad_norm"] > 0 for r in want)
+    assert [r["step"] for r in want] == [0, 1, 2, 3, 4]
+    assert all(r["grad_norm"] > 0 for r in want[1:])
 
     kill_after = random.Random(os.getpid()).choice([1, 2])
     run = tmp_path / "killed"
@@ -75,7 +75,7 @@ def test_sigterm_checkpoints_and_exits_zero(tiny, tmp_path):
     ckpts = complete_checkpoints(run / "checkpoints")
     assert len(ckpts) == 1
     step = json.loads((ckpts[0] / "manifest.json").read_text())["step"]
-    assert step >= 1 and [r["step"] for r in metrics(run)] == list(range(1, step + 1))
+    assert step >= 1 and [r["step"] for r in metrics(run)] == list(range(0, step + 1))
 
 
 def test_half_written_checkpoints_are_ignored(tmp_path):
@@ -100,7 +100,7 @@ def test_non_finite_updates_are_skipped_counted_then_stop():
     model = torch.nn.Linear(3, 2)
     cfg = Config(max_skipped_updates=3)
     optim, sched = make_optimizer(cfg, model, 10)
-    run = Run(cfg, 0, 1, torch.device("cpu"), None, model, optim, sched, None)
+    run = Run(cfg, 0, 1, torch.device("cpu"), None, None, model, optim, sched)
     before = model.weight.detach().clone()
     for i in range(2):
         model(torch.ones(1, 3)).sum().mul(float("nan")).backward()

@@ -1,0 +1,207 @@
+"""Config parsing for the dataclasses at the top of trainer.py: a yaml preset, then `--key=value` /
+`--section.key=value` overrides, each value type-checked against its field; `Literal[...]` fields take only
+their listed values; an unknown key is an error with a did-you-mean hint; the cross-field checks in validate().
+`--help` lists every key with its type, default and the comment next to its field.
+
+    cfg = load(Config, ["--config", "configs/demo.yaml", "--lr=1e-5"], world=2)
+"""
+import argparse
+import dataclasses
+import difflib
+import inspect
+import json
+import re
+import types
+import typing
+from pathlib import Path
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A user error in the config or the data: printed without a traceback, exit code 2."""
+
+
+def _unwrap_optional(tp):
+    """X | None -> (X, True); X -> (X, False)."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return next(a for a in typing.get_args(tp) if a is not type(None)), True
+    return tp, False
+
+
+def _type_name(tp) -> str:
+    tp, optional = _unwrap_optional(tp)
+    name = "|".join(map(str, typing.get_args(tp))) if typing.get_origin(tp) is typing.Literal else tp.__name__
+    return name + ("|null" if optional else "")
+
+
+def _convert(value, tp, key: str, from_cli: bool):
+    """A CLI string or a yaml value -> the field's type (bool, int, float, str, list[str], Literal, X | None)."""
+    tp, optional = _unwrap_optional(tp)
+    if optional and (value is None or (from_cli and value.lower() in ("null", "none", "~"))):
+        return None
+    if typing.get_origin(tp) is typing.Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            raise ConfigError(f"{key}: must be one of {list(allowed)}, got {value!r}")
+        return value
+    if typing.get_origin(tp) is list:
+        if from_cli:
+            value = [v for v in value.split(",") if v]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{key}: expected a list of strings, got {value!r}")
+        return value
+    if from_cli:
+        if tp is bool:
+            if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ConfigError(f"{key}: expected true/false, got {value!r}")
+            return value.lower() in ("true", "1", "yes")
+        try:
+            return tp(value)
+        except ValueError:
+            raise ConfigError(f"{key}: expected {tp.__name__}, got {value!r}") from None
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
+        raise ConfigError(f"{key}: expected {tp.__name__}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _apply(obj, key: str, value, from_cli: bool, prefix: str = "") -> None:
+    head, _, rest = key.partition(".")
+    hints = typing.get_type_hints(type(obj))
+    if head not in hints:
+        near = difflib.get_close_matches(head, list(hints), n=1)
+        raise ConfigError(f"unknown config key {prefix + head!r}" + (f" (did you mean {prefix + near[0]!r}?)" if near else ""))
+    tp, full = hints[head], prefix + head
+    if dataclasses.is_dataclass(tp):
+        if rest:
+            return _apply(getattr(obj, head), rest, value, from_cli, full + ".")
+        if not isinstance(value, dict):
+            raise ConfigError(f"{full}: expected a mapping of its keys, got {value!r}")
+        for k, v in value.items():
+            _apply(getattr(obj, head), str(k), v, from_cli, full + ".")
+        return
+    if rest:
+        raise ConfigError(f"unknown config key {key!r}: {full} has no sub-keys")
+    setattr(obj, head, _convert(value, tp, full, from_cli))
+
+
+def read_yaml(path: str) -> dict:
+    """A yaml preset as a mapping; a missing, unreadable or malformed file is a ConfigError naming it."""
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"--config {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--config {path}: cannot be read ({e})") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}{where}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of config keys, got {type(data).__name__}")
+    return data
+
+
+def load(cls, argv: list[str], world: int):
+    """--config file.yaml (optional) then --key=value overrides -> a validated cls() for `world` ranks."""
+    ap = argparse.ArgumentParser(prog="trainer.py", add_help=False)
+    ap.add_argument("--config", type=str, default=None)
+    ap.add_argument("--help", "-h", action="store_true")
+    args, rest = ap.parse_known_args(argv)
+    if args.help:
+        print(help_text(cls))
+        raise SystemExit(0)
+    cfg = cls()
+    if args.config:
+        for k, v in read_yaml(args.config).items():
+            _apply(cfg, str(k), v, from_cli=False)
+    for item in rest:
+        if not item.startswith("--") or "=" not in item:
+            raise ConfigError(f"bad argument {item!r}: expected --key=value")
+        k, v = item[2:].split("=", 1)
+        _apply(cfg, k, v, from_cli=True)
+    validate(cfg, world)
+    return cfg
+
+
+def _field_comments(cls) -> dict[str, str]:
+    """field name -> the comment after it in the class source."""
+    out = {}
+    for line in inspect.getsource(cls).splitlines():
+        m = re.match(r"\s+(\w+): .*?#\s?(.*)$", line)
+        if m:
+            out[m.group(1)] = m.group(2)
+    return out
+
+
+def help_text(cls) -> str:
+    """Every key, grouped by section: --key=<type> (default) comment."""
+    lines = ["usage: python trainer.py [--nproc_per_node=N] [--config FILE.yaml] [--key=value ...]",
+             "       torchrun --nproc_per_node N trainer.py [--config FILE.yaml] [--key=value ...]", ""]
+
+    def walk(c, prefix: str):
+        hints, comments, sections = typing.get_type_hints(c), _field_comments(c), []
+        lines.append(f"[{prefix[:-1] or 'top level'}]")
+        for f in dataclasses.fields(c):
+            if dataclasses.is_dataclass(hints[f.name]):
+                sections.append((hints[f.name], prefix + f.name + "."))
+                continue
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            lines.append(f"  --{prefix}{f.name}=<{_type_name(hints[f.name])}>  (default: {json.dumps(default)})")
+            lines.append(f"      {comments.get(f.name, '')}")
+        lines.append("")
+        for sub, p in sections:
+            walk(sub, p)
+    walk(cls, "")
+    return "\n".join(lines)
+
+
+def validate(cfg, world: int) -> None:
+    """Impossible settings fail here, before anything expensive starts."""
+    if not cfg.model_path:
+        raise ConfigError("model_path is required (a local HF model folder)")
+    config_json = Path(cfg.model_path) / "config.json"
+    if not config_json.is_file():
+        raise ConfigError(f"model_path {cfg.model_path!r}: no config.json there (not a local HF model folder)")
+    try:
+        model_cfg = json.loads(config_json.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{config_json}: not a valid JSON model config ({e})") from None
+    if not isinstance(model_cfg, dict):
+        raise ConfigError(f"{config_json}: expected a JSON object")
+    needed = (("train_data",) if cfg.mode != "eval" else ()) + (("eval_data",) if cfg.eval_data else ())
+    for key in needed:
+        if not Path(getattr(cfg, key)).is_file():
+            raise ConfigError(f"{key} {getattr(cfg, key)!r}: no such file")
+    if cfg.mode == "eval" and not cfg.eval_data:
+        raise ConfigError("mode: eval needs eval_data")
+    if cfg.mode == "sft" and cfg.eval_data:
+        raise ConfigError("eval_data is not used in mode: sft; evaluate the export afterwards with "
+                          "--mode=eval --model_path=RUN_DIR/export --eval_data=...")
+    for key in ("n_samples", "batch_groups", "max_prompt_len", "max_response_len", "token_budget", "mini_batches"):
+        if getattr(cfg, key) < 1:
+            raise ConfigError(f"{key} must be >= 1, got {getattr(cfg, key)}")
+    if cfg.mode == "rl" and cfg.batch_groups % world:
+        raise ConfigError(f"batch_groups={cfg.batch_groups} is not divisible by the {world} ranks")
+    if cfg.mode == "rl" and cfg.copris.enabled and cfg.copris.concurrency > cfg.engine.max_num_seqs:
+        raise ConfigError(f"copris.concurrency={cfg.copris.concurrency} exceeds engine.max_num_seqs="
+                          f"{cfg.engine.max_num_seqs}: the engine could not run them all at once "
+                          f"(raise engine.max_num_seqs too)")
+    if cfg.prime.enabled and not 0 <= cfg.prime.filter_low <= cfg.prime.filter_high <= 1:
+        raise ConfigError(f"prime.filter_low/high must satisfy 0 <= low <= high <= 1, got "
+                          f"{cfg.prime.filter_low}/{cfg.prime.filter_high}")
+    if cfg.prime.enabled and cfg.n_samples < 2:
+        raise ConfigError("prime.enabled needs n_samples >= 2 (RLOO baselines)")
+    if cfg.resume not in ("off", "auto") and not (Path(cfg.resume) / "manifest.json").is_file():
+        raise ConfigError(f"resume={cfg.resume!r}: not off, auto, or a complete checkpoint folder (no manifest.json)")
+    max_pos = model_cfg.get("max_position_embeddings")
+    if isinstance(max_pos, int) and cfg.max_prompt_len + cfg.max_response_len > max_pos:
+        raise ConfigError(f"max_prompt_len + max_response_len = {cfg.max_prompt_len + cfg.max_response_len} exceeds "
+                          f"the model's max_position_embeddings={max_pos}")
+    if cfg.token_budget < cfg.max_prompt_len + cfg.max_response_len:
+        raise ConfigError(f"token_budget={cfg.token_budget} is below one full row "
+                          f"(max_prompt_len + max_response_len = {cfg.max_prompt_len + cfg.max_response_len})")

@@ -1,0 +1,135 @@
+"""Reading training and evaluation rows: .jsonl or .parquet, our layout or verl's, normalised to one layout.
+
+    rows = load_rows("train.jsonl", mode="rl")       # [{prompt, task, data_source, answer | tests | ...}]
+    kept, skipped = tokenize_prompts(rows, tok, max_len=256, chat_template=True)   # adds row["prompt_ids"]
+    source = PromptSource(kept, seed, rank=g, world=G)                            # this rank's shuffled draws
+
+Anything malformed (bad UTF-8, bad JSON, a missing key, an unknown task, a chat template that fails) is a
+ConfigError naming file:row and the problem. Rows too long for the limits are skipped and counted, never an error.
+"""
+import json
+
+import torch
+
+from config import ConfigError
+from rewards.tasks import TASKS
+
+REQUIRED_KEYS = {"rl": ("prompt",), "sft": ("prompt", "completion")}
+
+
+def read_records(path: str):
+    """(line or row number, record) from a .jsonl or .parquet file; a bad line or file is named."""
+    if path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+        try:
+            table = pq.read_table(path)
+        except Exception as e:  # pyarrow raises several types (ArrowInvalid, OSError...) for a bad file
+            raise ConfigError(f"{path}: not a readable parquet file ({type(e).__name__}: {e})") from None
+        yield from enumerate(table.to_pylist(), 1)
+        return
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ConfigError(f"{path}:{lineno}: not valid UTF-8 (byte {e.start}: {raw[e.start:e.start + 1]!r})") from None
+            if line.strip():
+                try:
+                    yield lineno, json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ConfigError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+
+
+def normalize_row(row, where: str, mode: str) -> dict:
+    """Our layout {prompt, answer | tests | reference_code, task} or verl's {prompt: [chat messages],
+    reward_model: {ground_truth}, data_source} -> ours (prompt may stay a message list); `_where` = file:row."""
+    if not isinstance(row, dict):
+        raise ConfigError(f"{where}: expected an object, got {type(row).__name__}")
+    if "reward_model" in row:
+        rm = row["reward_model"]
+        if not isinstance(rm, dict) or "ground_truth" not in rm:
+            raise ConfigError(f"{where}: reward_model must be an object with 'ground_truth' (verl layout)")
+        row = {**row, "answer": str(rm["ground_truth"])}
+    task = row.get("task", "math")
+    if mode == "rl" and (not isinstance(task, str) or task not in TASKS):
+        raise ConfigError(f"{where}: unknown task {task!r} (one of {sorted(TASKS)})")
+    for k in REQUIRED_KEYS[mode] + (TASKS[task][0] if mode == "rl" else ()):
+        if k not in row:
+            raise ConfigError(f"{where}: missing key {k!r}")
+    prompt = row["prompt"]
+    is_chat = isinstance(prompt, list) and prompt and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt)
+    if not (isinstance(prompt, str) and prompt) and not is_chat:
+        raise ConfigError(f"{where}: 'prompt' must be a non-empty string or a list of {{role, content}} messages")
+    if mode == "sft" and not isinstance(row["completion"], str):
+        raise ConfigError(f"{where}: 'completion' must be a string")
+    if mode == "rl" and task == "math" and not isinstance(row["answer"], (str, int, float)):
+        raise ConfigError(f"{where}: 'answer' must be a string or a number")
+    return {**row, "task": task, "data_source": str(row.get("data_source", "default")), "_where": where}
+
+
+def load_rows(path: str, mode: str) -> list[dict]:
+    """Rows of a .jsonl or .parquet file, normalised; a malformed row is an error naming file and row."""
+    rows = [normalize_row(rec, f"{path}:{n}", mode) for n, rec in read_records(path)]
+    if not rows:
+        raise ConfigError(f"{path}: no rows")
+    return rows
+
+
+def prompt_text(row: dict, tok, chat_template: bool) -> str:
+    """A row's prompt (a string, or chat messages) as the text the model sees: through the tokenizer's chat
+    template when it has one and `chat_template` is on; otherwise the messages' contents joined."""
+    prompt = row["prompt"]
+    if chat_template and getattr(tok, "chat_template", None):
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        try:
+            return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception as e:  # jinja's TemplateError and friends: the row's messages don't fit the template
+            raise ConfigError(f"{row['_where']}: the chat template failed on this prompt ({type(e).__name__}: {e})") from None
+    return prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
+
+
+def tokenize_prompts(rows: list[dict], tok, max_len: int, chat_template: bool) -> tuple[list[dict], int]:
+    """Adds row['prompt_ids']; drops rows whose prompt is empty or over max_len tokens. -> (kept, skipped)."""
+    kept = []
+    for row in rows:
+        ids = tok(prompt_text(row, tok, chat_template), add_special_tokens=False)["input_ids"]
+        if 0 < len(ids) <= max_len:
+            kept.append({**row, "prompt_ids": ids})
+    return kept, len(rows) - len(kept)
+
+
+def tokenize_sft(rows: list[dict], tok, max_prompt_len: int, max_response_len: int,
+                 chat_template: bool) -> tuple[list[tuple[list[int], list[int]]], int]:
+    """(prompt ids, completion ids + eos) per row that fits the limits -> (pairs, skipped)."""
+    pairs = []
+    for r in rows:
+        p = tok(prompt_text(r, tok, chat_template), add_special_tokens=False)["input_ids"]
+        c = tok(r["completion"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        if 0 < len(p) <= max_prompt_len and len(c) <= max_response_len:
+            pairs.append((p, c))
+    return pairs, len(rows) - len(pairs)
+
+
+class PromptSource:
+    """This rank's share of a seeded per-epoch shuffle: draw() -> (prompt_id, prompt_ids, row).
+    prompt_id is a unique draw number (epoch * N + index): it seeds sampling and names requests."""
+
+    def __init__(self, rows: list[dict], seed: int, rank: int, world: int):
+        self.rows, self.seed, self.rank, self.world = rows, seed, rank, world
+        self.cursor = 0  # draws made by this rank
+
+    def draw(self):
+        per_epoch = len(self.rows) // self.world
+        epoch, i = divmod(self.cursor, per_epoch)
+        order = torch.randperm(len(self.rows), generator=torch.Generator().manual_seed(self.seed + epoch))
+        idx = int(order[i * self.world + self.rank])
+        self.cursor += 1
+        row = self.rows[idx]
+        return epoch * len(self.rows) + idx, row["prompt_ids"], row
+
+    def state_dict(self) -> dict:
+        return {"cursor": self.cursor}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.cursor = state["cursor"]

@@ -1,0 +1,185 @@
+"""The model side of the trainer: the process group and its reductions, the HF causal LM under FSDP2, and packed
+forwards (rows concatenated with no padding) whose head function runs on the hidden states of the response
+tokens, inside FSDP's forward.
+
+    policy = build_model(path, device, trainable=True)
+    logps = response_logprobs(policy, rows, device, temperature)        # one (T_i,) tensor per Row
+    out = packed_forward(policy, rows, device, fn)                       # fn(h (N, H), lm_head weight (V, H))
+"""
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from config import ConfigError
+from kernels import token_logprobs
+from kernels.packed_attention import PACKED, packed_kwargs
+
+def init_distributed() -> tuple[int, int, torch.device]:
+    """Process group from torchrun's env (a 1-rank group when run as plain python)."""
+    if "RANK" not in os.environ:  # plain `python trainer.py`: a world of one, same code path
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+        dist.init_process_group("gloo")
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def all_sum(values: list[float], device) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def all_max(value, device):
+    """Max over ranks of an int or float, returned as the same type."""
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return type(value)(t.item())
+
+
+def all_gather_list(values: list) -> list:
+    """Every rank's list, concatenated in rank order."""
+    parts = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, values)
+    return [x for p in parts for x in p]
+
+
+def sum_over_ranks(t: torch.Tensor) -> torch.Tensor:
+    """A float64 copy of t summed over ranks (the whitening statistics of prime_advantages)."""
+    out = t.detach().double().clone()
+    dist.all_reduce(out)
+    return out
+
+
+class Head(torch.nn.Module):
+    """The lm_head with a hook: while `fn` is set, forward(h) returns fn(h (1, N, H) -> (N, H), weight (V, H))
+    instead of logits. It runs inside FSDP2's root forward, where the weight is unsharded and its gradient is
+    reduced as usual; the parameter keeps its name (lm_head.weight) and its tie to the embeddings."""
+
+    def __init__(self, lm_head: torch.nn.Linear):
+        super().__init__()
+        self.weight, self.bias, self.fn = lm_head.weight, lm_head.bias, None
+
+    def forward(self, h):
+        return F.linear(h, self.weight, self.bias) if self.fn is None else self.fn(h[0], self.weight)
+
+
+def build_model(path: str, device, trainable: bool):
+    """AutoModelForCausalLM from a local folder, lm_head -> Head, fully_shard on every decoder layer and the root.
+    fp32 parameters; on CUDA the forward runs in bf16 (MixedPrecisionPolicy), grads reduce in fp32. Attention is
+    packed (kernels/packed_attention.py): flash-attn's varlen kernel when installed on CUDA, else sdpa per row."""
+    import importlib.util
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from transformers import AutoModelForCausalLM
+    attn = "flash_attention_2" if device.type == "cuda" and importlib.util.find_spec("flash_attn") else PACKED
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attn).to(device)
+    if model.lm_head.bias is not None or getattr(model.config, "final_logit_softcapping", None):
+        raise ConfigError(f"{path}: the packed loss supports an lm_head without bias or logit softcapping")
+    model.lm_head = Head(model.lm_head)
+    if not trainable:
+        model.requires_grad_(False)
+    elif device.type == "cuda":
+        model.gradient_checkpointing_enable()
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if device.type == "cuda" \
+        else MixedPrecisionPolicy()
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    return model
+
+
+def full_named_tensors(model, dtype=None):
+    """(name, full tensor) per parameter, gathering FSDP2 shards (a collective: all ranks iterate)."""
+    for name, p in model.named_parameters():
+        t = p.full_tensor() if hasattr(p, "full_tensor") else p
+        yield name, (t.detach() if dtype is None else t.detach().to(dtype))
+
+
+@dataclass
+class Row:
+    """One training sequence: prompt + response, with what the loss needs per response token."""
+    prompt_ids: list[int]
+    response: list[int]
+    old_logp: torch.Tensor | None = None  # (T,) old log-probs; nan where the update's own forward supplies them
+    adv: torch.Tensor | None = None  # (T,) advantages
+    weight: torch.Tensor | None = None  # (T,) mismatch-correction weight (0 = masked); None = 1
+
+    def __len__(self):
+        return len(self.prompt_ids) + len(self.response)
+
+
+DUMMY = Row([0], [0])  # a rank's padding micro-batch: one token, zero weight
+
+
+def micro_batches(rows: list[Row], budget: int, device) -> list[list[int]]:
+    """Row indices in groups of at most `budget` real tokens (longest rows first). Every rank gets the same
+    number (FSDP's collectives must match): a rank with fewer gets empty ones, which run DUMMY."""
+    batches, cur, size = [], [], 0
+    for i in sorted(range(len(rows)), key=lambda i: -len(rows[i])):
+        if cur and size + len(rows[i]) > budget:
+            batches.append(cur)
+            cur, size = [], 0
+        cur.append(i)
+        size += len(rows[i])
+    batches += [cur] if cur else []
+    return batches + [[] for _ in range(all_max(len(batches), device) - len(batches))]
+
+
+def packed_forward(model, rows: list[Row], device, fn):
+    """One forward over `rows` packed into a (1, S) sequence of real tokens (positions restart per row, attention
+    stays inside a row). fn(h (N, H), weight (V, H)) runs on the hidden states of the N positions that predict
+    response tokens, rows in order, inside FSDP's forward; -> what fn returns. Targets: cat(r.response)."""
+    ids, pos, keep, at = [], [], [], 0
+    for r in rows:
+        ids += r.prompt_ids + r.response
+        pos += range(len(r))
+        keep += range(at + len(r.prompt_ids) - 1, at + len(r) - 1)
+        at += len(r)
+    model.lm_head.fn = fn
+    try:
+        return model(input_ids=torch.tensor([ids], device=device), position_ids=torch.tensor([pos], device=device),
+                     logits_to_keep=torch.tensor(keep, device=device),
+                     **packed_kwargs([len(r) for r in rows], device)).logits
+    finally:
+        model.lm_head.fn = None
+
+
+def targets_of(rows: list[Row], device) -> torch.Tensor:
+    """(N,) the response tokens of `rows`, concatenated (the order packed_forward's fn sees)."""
+    return torch.tensor([t for r in rows for t in r.response], device=device)
+
+
+def split_rows(x: torch.Tensor, rows: list[Row]) -> list[torch.Tensor]:
+    """(N,) per-token values of packed rows -> one (T_i,) tensor per row (the inverse of torch.cat)."""
+    return list(torch.split(x, [len(r.response) for r in rows]))
+
+
+def response_logprobs(model, rows: list[Row], device, temperature: float) -> list[torch.Tensor]:
+    """Log-probs of each row's response tokens at the sampling temperature: one (T_i,) tensor per row, with
+    gradients when grad is enabled. An empty `rows` runs DUMMY (FSDP's collectives must match across ranks)."""
+    batch = rows or [DUMMY]
+    tgt = targets_of(batch, device)
+    logp = packed_forward(model, batch, device, lambda h, w: token_logprobs(F.linear(h, w), tgt, temperature)[0])
+    return split_rows(logp, batch) if rows else [logp * 0.0]
+
+
+
+def clip_grad_norm(model, max_norm: float) -> float:
+    """Clip the model's gradients to a global norm; -> the norm before clipping (FSDP2: all shards)."""
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)

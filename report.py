@@ -1,0 +1,173 @@
+"""What a run tells its user: metric sinks (metrics.jsonl, tensorboard, wandb), the log file, progress bars,
+the held-out table, the end-of-run summary and the plots.
+
+    python trainer.py --plot RUN_DIR      # RUN_DIR/plot.png from RUN_DIR/metrics.jsonl (RL or SFT runs)
+"""
+import dataclasses
+import json
+import logging
+import math
+import sys
+from pathlib import Path
+
+from config import ConfigError
+
+LOG_NAME = "train.log"
+
+
+class _Tee:
+    """sys.stdout for rank 0: the console gets everything; the log file gets whole lines, progress-bar redraws
+    (text after a carriage return) left out."""
+
+    def __init__(self, console, log):
+        self.console, self.log, self._line = console, log, ""
+
+    def write(self, text: str) -> int:
+        self.console.write(text)
+        self._line += text
+        *done, self._line = self._line.split("\n")
+        for line in done:
+            if "\r" not in line:
+                self.log.write(line + "\n")
+        self.log.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        self.console.flush()
+
+    def __getattr__(self, name):
+        return getattr(self.console, name)
+
+
+def setup_logging(run_dir: Path, rank: int) -> None:
+    """Rank 0: stdout is copied to RUN_DIR/train.log, and warnings of every library (vLLM, transformers, torch,
+    python warnings) go to that file only, so the console keeps the progress bar. Other ranks print errors only."""
+    logging.captureWarnings(True)
+    root = logging.getLogger()
+    root.setLevel(logging.WARNING)
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    if rank == 0:
+        log = open(run_dir / LOG_NAME, "a", encoding="utf-8")
+        sys.stdout = _Tee(sys.stdout, log)
+        handler = logging.StreamHandler(log)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
+    else:
+        root.addHandler(logging.NullHandler())
+    quiet_library_loggers()
+
+
+def quiet_library_loggers() -> None:
+    """Route the loggers libraries configure for themselves (vllm, transformers) into the root logger's handlers."""
+    for name in ("vllm", "transformers", "torch"):
+        lg = logging.getLogger(name)
+        for h in list(lg.handlers):
+            lg.removeHandler(h)
+        lg.propagate = True
+        lg.setLevel(logging.WARNING)
+
+
+def progress(rank: int, total: int, desc: str):
+    """A tqdm bar on rank 0's console (disabled elsewhere)."""
+    from tqdm import tqdm
+    return tqdm(total=total, desc=desc, disable=rank != 0, dynamic_ncols=True, file=sys.stdout)
+
+
+def log_metrics(run_dir: Path, sinks: list, metrics: dict) -> None:
+    """Append to metrics.jsonl, then tensorboard / wandb when configured (rank 0 calls this)."""
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(metrics) + "\n")
+    for sink in sinks:
+        sink(metrics)
+
+
+def metric_sinks(cfg, run_dir: Path) -> list:
+    """Optional loggers, imported only when configured; a missing package is a config error."""
+    sinks = []
+    if cfg.tensorboard:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise ConfigError("tensorboard: true needs the tensorboard package (pip install tensorboard)") from None
+        writer = SummaryWriter(str(run_dir / "tb"))
+        sinks.append(lambda m: [writer.add_scalar(k, v, m["step"]) for k, v in m.items()
+                                if isinstance(v, (int, float)) and k != "step"] and writer.flush())
+    if cfg.wandb_project:
+        try:
+            import wandb
+        except ImportError:
+            raise ConfigError("wandb_project is set but wandb is not installed (pip install wandb)") from None
+        wb = wandb.init(project=cfg.wandb_project, dir=str(run_dir), config=dataclasses.asdict(cfg))
+        sinks.append(lambda m: wb.log({k: v for k, v in m.items() if k != "step"}, step=m["step"]))
+    return sinks
+
+
+def print_eval_table(metrics: dict, k: int) -> None:
+    """One line per data source (and 'all'): greedy, mean@k, pass@k."""
+    print(f"{'source':24} {'greedy':>8} {f'mean@{k}':>8} {f'pass@{k}':>8}")
+    keys = sorted({key[5:-len('greedy_acc') - 1] for key in metrics if key.endswith("/greedy_acc") and key != "eval/greedy_acc"})
+    for name, prefix in [("all", "eval/")] + [(src, f"eval/{src}/") for src in keys]:
+        print(f"{name:24} {metrics[prefix + 'greedy_acc']:8.3f} {metrics[prefix + f'mean@{k}']:8.3f} "
+              f"{metrics[prefix + f'pass@{k}']:8.3f}")
+
+
+def report_rl(run_dir: Path, k: int, seconds: float, steps: int) -> None:
+    """Plot, and print held-out accuracy before (first eval) and after (last eval)."""
+    plot_run(run_dir)
+    evals = [r for r in map(json.loads, open(run_dir / "metrics.jsonl")) if "eval/greedy_acc" in r]
+    if evals:
+        a, b = evals[0], evals[-1]
+        print(f"held-out accuracy: greedy {a['eval/greedy_acc']:.3f} -> {b['eval/greedy_acc']:.3f}, "
+              f"mean@{k} {a[f'eval/mean@{k}']:.3f} -> {b[f'eval/mean@{k}']:.3f}  (steps {a['step']} -> {b['step']}; "
+              f"{steps} steps in {seconds:.0f} s, {steps / max(seconds, 1e-9):.3f} steps/s)")
+    print(f"metrics: {run_dir / 'metrics.jsonl'}  plot: {run_dir / 'plot.png'}  export: {run_dir / 'export'}")
+
+
+# panels: (title, metric keys); a panel is drawn when any of its keys appears in the run
+PANELS = [
+    ("training reward", ["reward"]),
+    ("SFT loss", ["sft_loss"]),
+    ("held-out accuracy", None),  # every top-level eval/* key
+    ("response length (tokens)", ["response_len", "response_len_p90", "response_len_max"]),
+    ("rollout-training mismatch", ["mismatch/kl_k3", "mismatch/log_ratio_abs_mean", "mismatch/prob_diff_max"]),
+    ("seconds per step, by phase", "time/"),
+]
+
+
+def plot_run(run_dir: Path) -> Path:
+    """metrics.jsonl -> plot.png, one panel per kind of figure the run logged (RL: reward, accuracy, length,
+    mismatch, phases; SFT: loss)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file (is {run_dir} a run folder?)")
+    rows = [json.loads(line) for line in open(path) if line.strip()]
+    panels = []
+    for title, keys in PANELS:
+        if keys is None:
+            keys = sorted({k for r in rows for k in r if k.startswith("eval/") and k.count("/") == 1 and k != "eval/rows"})
+        elif isinstance(keys, str):
+            keys = sorted({k for r in rows for k in r if k.startswith(keys)})
+        keys = [k for k in keys if any(k in r for r in rows)]
+        if keys:
+            panels.append((title, keys))
+    if not panels:
+        raise ConfigError(f"{path}: no metrics to plot")
+    cols = min(2, len(panels))
+    fig, ax = plt.subplots(math.ceil(len(panels) / cols), cols, figsize=(6 * cols, 4 * math.ceil(len(panels) / cols)),
+                           squeeze=False)
+    for a, (title, keys) in zip(ax.flat, panels):
+        for key in keys:
+            pts = [(r["step"], r[key]) for r in rows if key in r]
+            a.plot(*zip(*pts), marker="o" if len(pts) < 12 else None, label=key.removeprefix("eval/"))
+        a.set_title(title), a.set_xlabel("step"), a.legend(fontsize=8)
+    for a in list(ax.flat)[len(panels):]:
+        a.axis("off")
+    fig.tight_layout()
+    out = Path(run_dir) / "plot.png"
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
