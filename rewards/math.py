@@ -1,4 +1,4 @@
-"""Math answer reward: the last \\boxed{...} of the completion, checked with math-verify.
+"""Math answer reward: the last \\boxed{...} (or \\fbox{...}, \\boxed 5) of the completion, checked with math-verify.
 
 score, info = math_reward(completion, answer)   # score in {0.0, 1.0}
 info["reason"]: ok | wrong | no_answer | too_long | timeout | error
@@ -8,6 +8,7 @@ MAX_ANSWER_CHARS and MAX_DEPTH), so a huge or deeply nested completion returns p
 and the comparison each run under math-verify's own timeout (a SIGALRM, main thread only). The
 reward pool adds a hard per-sample wall limit on top (rewards/pool.py).
 """
+import re
 import threading
 
 from math_verify import parse, verify
@@ -20,12 +21,29 @@ TIMEOUT_S = 2  # math-verify's parse and verify limits
 _CONFIG = [LatexExtractionConfig(), ExprExtractionConfig()]
 
 
+_BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")  # \boxed or \fbox, not \boxedfoo
+_BARE = re.compile(r"\s*([^\s${}\\]+)")  # \boxed 5: the argument without braces is the next token
+
+
 def last_boxed(text: str) -> tuple[str | None, str]:
-    """Content of the last \\boxed{...} and a reason: ok | no_answer | too_long."""
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None, "no_answer"
-    i, depth, brackets = start + len("\\boxed{"), 1, 0
+    """Content of the last \\boxed{...} / \\fbox{...} (or \\boxed 5, brace-less) and a reason: ok | no_answer |
+    too_long. A linear scan from the last box, bounded by MAX_ANSWER_CHARS and MAX_DEPTH."""
+    pos = len(text)
+    while True:  # the last \\boxed / \\fbox that is that command (not \\boxedfoo)
+        pos = max(text.rfind("\\boxed", 0, pos), text.rfind("\\fbox", 0, pos))
+        if pos < 0:
+            return None, "no_answer"
+        m = _BOX.match(text, pos)
+        if m:
+            start = m.end()
+            break
+    if text[start:start + 1] != "{":
+        m = _BARE.match(text, start, start + MAX_ANSWER_CHARS + 1)
+        if m and len(m.group(1)) > MAX_ANSWER_CHARS:
+            return None, "too_long"
+        bare = m.group(1).rstrip(".,;:") if m else ""
+        return (bare, "ok") if bare else (None, "no_answer")
+    i, depth, brackets = start + 1, 1, 0
     end = min(len(text), i + MAX_ANSWER_CHARS + 1)
     for j in range(i, end):
         ch = text[j]

@@ -14,6 +14,10 @@ from rewards.pool import RewardPool
     ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}"),
     ("\\boxed{\\dfrac{3}{4}}", "0.75"),
     ("first \\boxed{3} then corrected \\boxed{4}", "4"),
+    ("the answer is \\boxed 5", "5"),  # brace-less: math-verify's own extraction accepts it
+    ("so \\fbox{7}.", "7"),
+    ("\\boxed{3} then \\fbox 12.", "12"),
+    ("\\boxed{8} and a \\boxedfoo macro", "8"),  # \boxedfoo is another command
 ])
 def test_equivalent_forms_score_one(completion, answer):
     score, info = math_reward(completion, answer)
@@ -32,18 +36,19 @@ def test_wrong_and_missing(completion, answer, reason):
     assert score == 0.0 and info["reason"] == reason
 
 
-@pytest.mark.parametrize("completion", [
-    "\\boxed{" + "{" * 200_000,  # deeply nested
-    "x" * 20_000_000 + "\\boxed{3}",  # huge
-    "\\boxed{" + "(" * 50 + "1" + ")" * 50 + "}",  # nesting that makes sympy crawl
-    "\\boxed{" + "9^{" * 5 + "9" + "}" * 5 + "}",  # a power tower: the verifier's timeout
-    "\\boxed{" + "1+" * 5000 + "1}",  # over the length cap
+@pytest.mark.parametrize("completion, score, reason", [
+    ("\\boxed{" + "{" * 200_000, 0.0, "too_long"),  # deeply nested: over MAX_DEPTH
+    ("x" * 20_000_000 + "\\boxed{3}", 1.0, "ok"),  # huge, but the answer is there
+    ("\\boxed{" + "(" * 50 + "1" + ")" * 50 + "}", 0.0, "too_long"),  # nesting that makes sympy crawl
+    ("\\boxed{" + "9^{" * 5 + "9" + "}" * 5 + "}", 0.0, "timeout"),  # a power tower: the verifier's timeout
+    ("\\boxed{" + "1+" * 5000 + "1}", 0.0, "too_long"),  # over the length cap
+    ("\\boxed " + "7" * 300, 0.0, "too_long"),  # a brace-less answer over the length cap
 ])
-def test_hostile_text_returns_promptly(completion):
+def test_hostile_text_returns_promptly(completion, score, reason):
     t0 = time.monotonic()
-    score, info = math_reward(completion, "3")
+    got, info = math_reward(completion, "3")
     assert time.monotonic() - t0 < 5.0
-    assert info["reason"] in ("ok", "too_long", "timeout", "wrong")
+    assert (got, info["reason"]) == (score, reason), info
 
 
 def _sleepy(row, completion):
