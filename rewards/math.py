@@ -22,7 +22,7 @@ _CONFIG = [LatexExtractionConfig(), ExprExtractionConfig()]
 
 
 _BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")  # \boxed or \fbox, not \boxedfoo
-_BARE = re.compile(r"\s*([^\s${}\\]+)")  # \boxed 5: the argument without braces is the next token
+_BARE = re.compile(r"\s{0,16}([^\s${}\\]{1,%d})" % (MAX_ANSWER_CHARS + 1))  # \boxed 5: the next token
 
 
 def last_boxed(text: str) -> tuple[str | None, str]:
@@ -38,7 +38,7 @@ def last_boxed(text: str) -> tuple[str | None, str]:
             start = m.end()
             break
     if text[start:start + 1] != "{":
-        m = _BARE.match(text, start, start + MAX_ANSWER_CHARS + 1)
+        m = _BARE.match(text, start)
         if m and len(m.group(1)) > MAX_ANSWER_CHARS:
             return None, "too_long"
         bare = m.group(1).rstrip(".,;:") if m else ""
