@@ -24,10 +24,20 @@ def score_triton(row: dict, completion: str) -> tuple[float, dict]:
     return triton_reward(completion, row)
 
 
+def score_char_share(row: dict, completion: str) -> tuple[float, dict]:
+    """A toy task any model earns something on, random ones included: the share of the completion's characters
+    that are in row["chars"] (the tests use it to see learning in a few steps; the README's worked example)."""
+    if not completion:
+        return 0.0, {"reason": "empty"}
+    chars = set(str(row["chars"]))
+    return sum(c in chars for c in completion) / len(completion), {"reason": "ok"}
+
+
 TASKS = {  # task -> (keys a row of that task must have, scorer)
     "math": (("answer",), score_math),
     "code": (("tests",), score_code),
     "triton": (("reference_code",), score_triton),
+    "char_share": (("chars",), score_char_share),
 }
 
 

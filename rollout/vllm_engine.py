@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass, field
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine: required by external_launcher
+os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")  # vLLM logs through the root logger: report.setup_logging routes it
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache per rank on CPU
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # ranks share the cores with the trainer
 
