@@ -69,7 +69,6 @@ def run(argv: list[str], preflight) -> int:
         return 2
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run as torchrun
-    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGHUP,SIGQUIT"  # SIGTERM and SIGINT are ours (below)
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
     stopping = []
@@ -84,7 +83,7 @@ def run(argv: list[str], preflight) -> int:
                     pass
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
-    tr = [f"--nproc_per_node={nproc}", f"--nnodes={nnodes}"]
+    tr = [f"--nproc_per_node={nproc}", f"--nnodes={nnodes}", "--signals_to_handle=SIGHUP,SIGQUIT"]  # TERM, INT: ours
     if nnodes == 1 and "master_addr" not in flags:
         tr.append("--standalone")
     tr += [f"--{k}={v}" for k, v in flags.items() if k not in ("nproc_per_node", "nnodes")]

@@ -86,7 +86,10 @@ def build_model(path: str, device, trainable: bool):
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from transformers import AutoModelForCausalLM
     attn = "flash_attention_2" if device.type == "cuda" and importlib.util.find_spec("flash_attn") else PACKED
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attn).to(device)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attn).to(device)
+    except (OSError, ValueError, KeyError, RuntimeError) as e:  # missing or damaged weights, unknown model type
+        raise ConfigError(f"model_path {path}: the model does not load ({type(e).__name__}: {str(e)[:300]})") from None
     if model.lm_head.bias is not None or getattr(model.config, "final_logit_softcapping", None):
         raise ConfigError(f"{path}: the packed loss supports an lm_head without bias or logit softcapping")
     model.lm_head = Head(model.lm_head)

@@ -55,6 +55,8 @@ def setup_logging(run_dir: Path, rank: int) -> None:
         root.addHandler(handler)
     else:
         root.addHandler(logging.NullHandler())
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()  # "Loading weights" bars on every model build
     quiet_library_loggers()
 
 

@@ -619,12 +619,30 @@ def save_checkpoint(run: Run, step: int) -> Path:
 
 
 def load_checkpoint(run: Run, path: Path) -> int:
-    """Restore everything save_checkpoint wrote; -> the step it was taken after."""
+    """Restore everything save_checkpoint wrote; -> the step it was taken after. A damaged checkpoint is a
+    ConfigError naming the file."""
     import torch.distributed.checkpoint as dcp
     sharded, _, _ = run.state_dict(0)
-    dcp.load(sharded, checkpoint_id=str(path / "dcp"))
-    mine = torch.load(path / f"rank{run.rank}.pt", weights_only=False)  # our own file
-    return run.load_state_dict(sharded, mine, json.loads((path / "manifest.json").read_text()))
+    try:
+        dcp.load(sharded, checkpoint_id=str(path / "dcp"))
+    except Exception as e:  # DCP wraps file and planner errors in several types (CheckpointException...)
+        raise ConfigError(f"checkpoint {path / 'dcp'} does not load ({type(e).__name__}: {str(e)[:300]})") from None
+    try:
+        mine = torch.load(path / f"rank{run.rank}.pt", weights_only=False)  # our own file
+    except (OSError, RuntimeError, EOFError, ValueError) as e:
+        raise ConfigError(f"checkpoint {path / f'rank{run.rank}.pt'} does not load ({type(e).__name__}: {e})") from None
+    return run.load_state_dict(sharded, mine, read_manifest(path))
+
+
+def read_manifest(path: Path) -> dict:
+    """A checkpoint's manifest.json, checked; a damaged one is a ConfigError naming it."""
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path / 'manifest.json'}: not a readable checkpoint manifest ({e})") from None
+    if not isinstance(manifest, dict) or not {"step", "world", "policy_version"} <= set(manifest):
+        raise ConfigError(f"{path / 'manifest.json'}: not a checkpoint manifest (needs step, world, policy_version)")
+    return manifest
 
 
 def complete_checkpoints(root: Path) -> list[Path]:
@@ -647,7 +665,7 @@ def check_run_dir(cfg: Config, world: int) -> None:
     run_dir = Path(cfg.run_dir)
     ckpt = resume_point(cfg)
     if ckpt is not None:
-        manifest = json.loads((ckpt / "manifest.json").read_text())
+        manifest = read_manifest(ckpt)
         if manifest["world"] != world:
             raise ConfigError(f"checkpoint {ckpt} was written by {manifest['world']} ranks; this run has {world} "
                               f"(resume with the same rank count)")
@@ -668,7 +686,7 @@ def start_run_dir(cfg: Config, rank: int) -> Path | None:
         (run_dir / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
         metrics = run_dir / "metrics.jsonl"
         if metrics.exists():  # lines after the checkpoint's step will be produced again
-            step = json.loads((ckpt / "manifest.json").read_text())["step"] if ckpt else 0
+            step = read_manifest(ckpt)["step"] if ckpt else 0
             keep = [line for line in metrics.read_text().splitlines() if line and json.loads(line)["step"] <= step]
             metrics.write_text("".join(line + "\n" for line in keep))
     dist.barrier()

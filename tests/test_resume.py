@@ -1,81 +1,66 @@
-"""Crash safety: SIGKILL at a random step then --resume=auto reproduces the uninterrupted run's
-per-step metrics exactly; SIGTERM checkpoints and exits 0; half-written checkpoints are ignored."""
-import json
-import os
-import random
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
+"""Crash safety: a run killed with SIGKILL at a fixed step (partial trajectories in the CoPRIS buffer) and resumed
+with --resume=auto writes exactly the uninterrupted run's per-step metrics: GRPO on 2 ranks, PRIME (its PRM and
+PRM optimizer are part of the checkpoint), and SFT. Half-written checkpoints are ignored."""
+import shutil
 
 import pytest
+import torch
 
+from helpers import kill_tree, metrics, rl_args, run, start, trainer_cmd, wait_for
 from trainer import complete_checkpoints
 
-ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_LOGGING_LEVEL": "ERROR", "PYTHONWARNINGS": "ignore"}
-TIMING = ("time/", "elapsed_s", "rollout_tok_per_s")  # wall-clock figures differ between runs
+KILL_AT = 2  # a checkpoint every step; newer ones are deleted after the kill, so the resume starts here
 
 
-def args(tiny, run_dir, *extra):
-    return ["trainer.py", f"--model_path={tiny / 'model'}", f"--train_data={tiny / 'data' / 'rl_train.jsonl'}",
-            f"--run_dir={run_dir}", "--steps=4", "--save_every=1", "--n_samples=4", "--batch_groups=4",
-            "--copris.concurrency=6", "--max_prompt_len=64", "--max_response_len=48", "--token_budget=1024",
-            "--lr=1e-3", "--entropy_coef=0.05", *extra]  # the entropy bonus makes every step move the weights
-
-
-def torchrun(argv):
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", *argv]
-
-
-def metrics(run_dir):
-    rows = [json.loads(l) for l in open(run_dir / "metrics.jsonl")]
-    return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in rows]
-
-
-def test_sigkill_then_resume_matches_uninterrupted_run(tiny, tmp_path):
-    ref = tmp_path / "ref"
-    p = subprocess.run(torchrun(args(tiny, ref)), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+def kill_and_resume(cmd_for, run_dir, steps_key="step"):
+    """Start cmd_for(run_dir), SIGKILL its whole tree once checkpoint KILL_AT is complete, drop newer checkpoints,
+    resume; -> the resumed run's stdout."""
+    proc = start(cmd_for([]))
+    wait_for(run_dir / "checkpoints" / f"step_{KILL_AT:06d}" / "manifest.json", proc)
+    kill_tree(proc)
+    for ckpt in complete_checkpoints(run_dir / "checkpoints"):
+        if int(ckpt.name[5:]) > KILL_AT:
+            shutil.rmtree(ckpt)
+    p = run(cmd_for(["--resume=auto"]))
     assert p.returncode == 0, p.stderr[-3000:]
-    want = metrics(ref)
+    assert f"(step {KILL_AT})" in p.stdout, p.stdout[-2000:]
+    return p.stdout
+
+
+@pytest.mark.parametrize("name, nproc, extra", [
+    ("grpo-2ranks", 2, []),
+    ("prime-1rank", 1, ["--prime.enabled=true", "--prime.filter_low=0", "--prime.filter_high=1", "--prime.lr=1e-3"]),
+])
+def test_sigkill_then_resume_matches_uninterrupted_run(tiny, tmp_path, name, nproc, extra):
+    def cmd(run_dir):
+        return lambda more: trainer_cmd(nproc, *rl_args(tiny, run_dir, *extra, *more))
+    p = run(cmd(tmp_path / "ref")([]))
+    assert p.returncode == 0, p.stderr[-3000:]
+    want = metrics(tmp_path / "ref")
     assert [r["step"] for r in want] == [0, 1, 2, 3, 4]
     assert all(r["grad_norm"] > 0 for r in want[1:])
+    state = torch.load(tmp_path / "ref" / "checkpoints" / "step_000004" / "rank0.pt", weights_only=False)
+    assert any(not t["finish_reason"] for g in state["scheduler"]["buffer"] for t in g["samples"]), \
+        "no partial trajectory in the buffer: the test would not cover resuming them"
+    kill_and_resume(cmd(tmp_path / "killed"), tmp_path / "killed")
+    got = metrics(tmp_path / "killed")
+    for w, g in zip(want, got):  # exact: same tokens, rewards, losses, grad norms (PRIME: PRM loss too)
+        assert g == w, f"{name} step {w['step']}: " + str({k: (w[k], g.get(k)) for k in w if g.get(k) != w[k]})
+    assert len(got) == len(want)
 
-    kill_after = random.Random(os.getpid()).choice([1, 2])
-    run = tmp_path / "killed"
-    proc = subprocess.Popen(torchrun(args(tiny, run)), cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 600
-    while not (run / "checkpoints" / f"step_{kill_after:06d}" / "manifest.json").exists():
-        assert proc.poll() is None and time.time() < deadline, "run ended before the kill point"
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    p = subprocess.run(torchrun(args(tiny, run, "--resume=auto")), cwd=ROOT, env=ENV, capture_output=True,
-                       text=True, timeout=600)
+
+def test_sft_resume_matches_uninterrupted_run(tiny, tmp_path):
+    def cmd(run_dir):
+        return lambda more: trainer_cmd(None, "--mode=sft", f"--model_path={tiny / 'model'}",
+                                        f"--train_data={tiny / 'data' / 'sft.jsonl'}", f"--run_dir={run_dir}",
+                                        "--sft_epochs=0", "--steps=4", "--save_every=1", "--sft_batch_rows=16",
+                                        "--lr=1e-3", "--max_prompt_len=64", "--max_response_len=96",
+                                        "--token_budget=2048", *more)
+    p = run(cmd(tmp_path / "ref")([]))
     assert p.returncode == 0, p.stderr[-3000:]
-    assert "resumed from" in p.stdout
-    got = metrics(run)
-    assert got == want, f"killed after step {kill_after}"  # exact: same tokens, rewards, losses, grad norms
-
-
-def test_sigterm_checkpoints_and_exits_zero(tiny, tmp_path):
-    run = tmp_path / "term"
-    proc = subprocess.Popen([sys.executable, *args(tiny, run, "--steps=50", "--save_every=0")], cwd=ROOT, env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 600
-    while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text().strip():
-        assert proc.poll() is None and time.time() < deadline, proc.stderr.read()[-3000:] if proc.poll() else ""
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err[-3000:]
-    assert "stopped by signal after step" in out
-    ckpts = complete_checkpoints(run / "checkpoints")
-    assert len(ckpts) == 1
-    step = json.loads((ckpts[0] / "manifest.json").read_text())["step"]
-    assert step >= 1 and [r["step"] for r in metrics(run)] == list(range(0, step + 1))
+    kill_and_resume(cmd(tmp_path / "killed"), tmp_path / "killed")
+    want, got = metrics(tmp_path / "ref"), metrics(tmp_path / "killed")
+    assert [r["step"] for r in want] == [0, 1, 2, 3, 4] and got == want
 
 
 def test_half_written_checkpoints_are_ignored(tmp_path):
@@ -91,27 +76,36 @@ def test_half_written_checkpoints_are_ignored(tmp_path):
 def test_resume_path_must_be_a_complete_checkpoint(tiny, tmp_path):
     from trainer import ConfigError, load_config
     with pytest.raises(ConfigError, match="not off, auto, or a complete checkpoint"):
-        load_config(args(tiny, tmp_path)[1:] + [f"--resume={tmp_path}"])
+        load_config(rl_args(tiny, tmp_path) + [f"--resume={tmp_path}"])
+
+
+def test_every_run_field_is_checkpointed_or_declared_stateless():
+    """A new stateful field of Run must go into state_dict() or Run.STATELESS: nothing is left out by accident."""
+    import dataclasses
+    from trainer import Run
+    saved = {"policy", "optim", "sched", "advantages", "prompts", "scheduler", "policy_version", "counters",
+             "sft_order", "sft_gen"}  # what Run.state_dict() writes (the test of each is the resume tests above)
+    fields = {f.name for f in dataclasses.fields(Run)}
+    assert fields == saved | set(Run.STATELESS), fields ^ (saved | set(Run.STATELESS))
 
 
 def test_non_finite_updates_are_skipped_counted_then_stop():
-    import torch
     from trainer import Config, Run, TrainingError, make_optimizer, optimizer_step
     model = torch.nn.Linear(3, 2)
     cfg = Config(max_skipped_updates=3)
     optim, sched = make_optimizer(cfg, model, 10)
-    run = Run(cfg, 0, 1, torch.device("cpu"), None, None, model, optim, sched)
+    run_ = Run(cfg, 0, 1, torch.device("cpu"), None, None, model, optim, sched)
     before = model.weight.detach().clone()
     for i in range(2):
         model(torch.ones(1, 3)).sum().mul(float("nan")).backward()
-        norm, applied = optimizer_step(run)
-        assert not applied and run.counters["skipped_updates"] == i + 1
-    assert torch.equal(model.weight, before) and run.policy_version == 0  # nothing applied
+        norm, applied = optimizer_step(run_)
+        assert not applied and run_.counters["skipped_updates"] == i + 1
+    assert torch.equal(model.weight, before) and run_.policy_version == 0  # nothing applied
     model(torch.ones(1, 3)).sum().backward()
-    assert optimizer_step(run)[1] and run.counters["consecutive_skips"] == 0  # a good step resets the run
+    assert optimizer_step(run_)[1] and run_.counters["consecutive_skips"] == 0  # a good step resets the run
     for _ in range(2):
         model(torch.ones(1, 3)).sum().mul(float("inf")).backward()
-        optimizer_step(run)
+        optimizer_step(run_)
     model(torch.ones(1, 3)).sum().mul(float("nan")).backward()
     with pytest.raises(TrainingError, match="3 consecutive updates had a non-finite gradient norm"):
-        optimizer_step(run)
+        optimizer_step(run_)

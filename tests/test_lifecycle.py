@@ -1,0 +1,145 @@
+"""A run's life as a user sees it: stopping by signal under the launcher and under torchrun (checkpoint, exit 0, no
+traceback), a used run_dir refused without losing anything, --overwrite, resuming into a new run_dir, a rank-count
+mismatch caught before anything starts, exit codes, what the console and train.log show."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers import ENV, ROOT, descendants, metrics, rl_args, run, start, trainer_cmd, wait_for
+from trainer import complete_checkpoints
+
+
+def stop_with(proc, target: str, sig) -> None:
+    """Send sig to the launcher, its process group, or one rank (a child process running trainer.py)."""
+    if target == "group":
+        os.killpg(proc.pid, sig)
+        return
+    pid = proc.pid
+    if target == "rank":
+        ranks = [p for p in descendants(proc.pid) if b"trainer.py" in open(f"/proc/{p}/cmdline", "rb").read()
+                 and b"torch.distributed.run" not in open(f"/proc/{p}/cmdline", "rb").read()]
+        assert ranks, "no rank process found"
+        pid = ranks[-1]
+    os.kill(pid, sig)
+
+
+@pytest.mark.parametrize("launcher, target, sig", [
+    ("launcher-2", "launcher", signal.SIGTERM),  # kill -TERM <pid> of `python trainer.py --nproc_per_node 2`
+    ("launcher-1", "group", signal.SIGINT),  # Ctrl-C in a terminal: SIGINT to the foreground process group
+    ("torchrun-2", "rank", signal.SIGTERM),  # plain torchrun: SIGTERM to one rank
+])
+def test_signal_checkpoints_and_exits_zero(tiny, tmp_path, launcher, target, sig):
+    args = rl_args(tiny, tmp_path, "--steps=50", "--save_every=0")
+    nproc = int(launcher[-1])
+    cmd = trainer_cmd(nproc, *args) if launcher.startswith("launcher") else \
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "trainer.py", *args]
+    proc = start(cmd)
+    deadline = time.time() + 600
+    while not (tmp_path / "metrics.jsonl").exists() or len((tmp_path / "metrics.jsonl").read_text().splitlines()) < 2:
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read()[-3000:] if proc.poll() else "slow"
+        time.sleep(0.2)
+    tree = descendants(proc.pid)
+    stop_with(proc, target, sig)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    assert "stopped by signal after step" in out and "Traceback" not in err, err[-3000:]
+    (ckpt,) = complete_checkpoints(tmp_path / "checkpoints")
+    step = json.loads((ckpt / "manifest.json").read_text())["step"]
+    assert [r["step"] for r in metrics(tmp_path)] == list(range(step + 1))
+    left = [p for p in tree if os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split()[2] != "Z"]
+    assert not left, f"processes left running after the run ended: {left}"
+
+
+@pytest.fixture(scope="module")
+def finished(tiny, tmp_path_factory):
+    """A finished 1-rank run of 2 steps (checkpoints at 1 and 2, an export)."""
+    run_dir = tmp_path_factory.mktemp("finished")
+    p = run(trainer_cmd(1, *rl_args(tiny, run_dir, "--steps=2")))
+    assert p.returncode == 0, p.stderr[-3000:]
+    return run_dir, p
+
+
+def test_last_step_is_checkpointed_and_console_is_quiet(finished):
+    run_dir, p = finished
+    assert [c.name for c in complete_checkpoints(run_dir / "checkpoints")] == ["step_000001", "step_000002"]
+    noisy = [line for line in p.stdout.splitlines() + p.stderr.splitlines() if "WARNING" in line or "INFO" in line]
+    assert not noisy, noisy[:10]  # library logs go to train.log only
+    log = (run_dir / "train.log").read_text()
+    assert "rl:" not in log.splitlines()[0] and "train: " in log  # rank 0's stdout, without progress redraws
+    first = metrics(run_dir)[0]
+    assert first["step"] == 0 and first["data/train_rows"] + first["data/train_skipped"] == 400
+
+
+def test_used_run_dir_is_refused_and_nothing_is_lost(tiny, finished):
+    run_dir, _ = finished
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    t0 = time.time()
+    p = run(trainer_cmd(1, *rl_args(tiny, run_dir, "--steps=2")))
+    assert p.returncode == 2 and "already holds a run" in p.stderr and "--resume=auto" in p.stderr, p.stderr[-2000:]
+    assert "Traceback" not in p.stderr and time.time() - t0 < 60  # refused before any rank starts
+    after = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    assert after == before
+
+
+def test_rank_count_mismatch_is_refused_before_anything_starts(tiny, finished):
+    run_dir, _ = finished
+    config = (run_dir / "config.yaml").read_text()
+    p = run(trainer_cmd(2, *rl_args(tiny, run_dir, "--steps=3", "--resume=auto")))
+    assert p.returncode == 2 and "was written by 1 ranks; this run has 2" in p.stderr, p.stderr[-2000:]
+    assert p.stderr.count("config error") == 1 and "Traceback" not in p.stderr
+    assert (run_dir / "config.yaml").read_text() == config
+
+
+def test_resume_into_a_new_run_dir_and_extend(tiny, finished, tmp_path):
+    run_dir, _ = finished
+    ckpt = complete_checkpoints(run_dir / "checkpoints")[-1]
+    p = run(trainer_cmd(1, *rl_args(tiny, tmp_path, "--steps=3", f"--resume={ckpt}")))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert [r["step"] for r in metrics(tmp_path)] == [3]  # steps 1-2 live in the first run's folder
+
+
+def test_overwrite_clears_the_old_run(tiny, tmp_path):
+    (tmp_path / "checkpoints" / "step_000009").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "step_000009" / "manifest.json").write_text("{}")
+    (tmp_path / "metrics.jsonl").write_text('{"step": 9}\n')
+    p = run(trainer_cmd(None, *rl_args(tiny, tmp_path, "--steps=1", "--overwrite=true")))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert [c.name for c in complete_checkpoints(tmp_path / "checkpoints")] == ["step_000001"]
+    assert [r["step"] for r in metrics(tmp_path)] == [0, 1]
+
+
+def test_errors_in_a_rank_keep_their_exit_code_under_the_launcher(tiny, tmp_path):
+    """A problem found only once the ranks run (here every prompt is over max_prompt_len) is said once, exit 2."""
+    p = run(trainer_cmd(2, *rl_args(tiny, tmp_path, "--max_prompt_len=2")))
+    assert p.returncode == 2, p.stderr[-3000:]
+    assert p.stderr.count("config error") == 1 and "usable prompts" in p.stderr and "Traceback" not in p.stderr, \
+        p.stderr[-3000:]
+
+
+def test_reward_workers_ignore_stop_signals():
+    """The trainer owns shutdown: a SIGTERM or SIGINT that reaches a reward worker leaves it serving."""
+    from rewards.pool import RewardPool
+    pool = RewardPool(workers=1, timeout_s=30)
+    try:
+        row = {"task": "math", "answer": "2"}
+        assert pool.score([(row, "\\boxed{2}")])[0][0] == 1.0  # the worker is up and has installed its handlers
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            os.kill(pool.procs[0][0].pid, sig)
+        time.sleep(0.5)
+        assert pool.procs[0][0].is_alive() and pool.score([(row, "\\boxed{2}")])[0] == (1.0, {"reason": "ok", "pred": "2"})
+    finally:
+        pool.close()
+
+
+def test_help_lists_every_key_with_type_default_and_comment():
+    p = subprocess.run([sys.executable, "trainer.py", "--help"], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0
+    for needle in ("[copris]", "--copris.concurrency=<int>  (default: 64)", "requests in flight per rank",
+                   "--prime.ref=<frozen|policy>", "--correction.mode=<none|token_truncate", "--dual_clip=<float|null>"):
+        assert needle in p.stdout, needle
