@@ -15,7 +15,9 @@ s = sum 2^(a - m) and w = sum 2^(a - m) (a - m), so ent = ln2 (log2 s - w / s) n
 only lse2 = m + log2 s (and ent) per row: 4 (8) bytes a token. Backward reads the row once and writes dlogits
 once, in fp32 arithmetic.
 Torch path: row chunks of about _CHUNK_ELEMS logits, so its extra memory is O(chunk * V) instead of an (N, V)
-fp32 copy; backward recomputes p per chunk from the saved per-row lse.
+fp32 copy: two (C, V) temporaries at a time, the fp32 copy that becomes log p in place and one more
+(log_softmax_rows_, logits_grad_rows_, shared with the fused lm_head op); backward recomputes p per chunk from
+the saved per-row lse.
 """
 import torch
 import triton
@@ -52,15 +54,34 @@ def _acc_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.promote_types(x.dtype, torch.float32)
 
 
-def _scaled(x: torch.Tensor, temperature: float) -> torch.Tensor:
-    """x / temperature in the accumulation dtype (x itself for fp32 at temperature 1: never written to)."""
-    z = x.to(_acc_dtype(x))
-    return z if temperature == 1.0 else z / temperature
+def scaled_copy(x: torch.Tensor, temperature: float) -> torch.Tensor:
+    """x / temperature as a new tensor in the accumulation dtype (the caller may overwrite it)."""
+    z = x.to(_acc_dtype(x), copy=True)
+    return z if temperature == 1.0 else z.div_(temperature)
 
 
-def _masked_plogp(p: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
-    """p * log p with 0 where p == 0 (-inf logits)."""
-    return torch.where(p > 0, p * logp, 0.0)
+def log_softmax_rows_(z: torch.Tensor, tgt: torch.Tensor, with_entropy: bool):
+    """z (C, V) scaled logits, overwritten with log p; tgt (C,) -> logp (C,), lse (C,), ent (C,) or None.
+    At most one (C, V) temporary besides z (logsumexp's, then p log p's)."""
+    m = z.amax(-1)  # (C,) finite while a row has one finite logit
+    lsm = z.sub_(m[:, None])
+    log_s = lsm.exp().sum(-1).log_()  # (C,)
+    lsm.sub_(log_s[:, None])  # (C, V) log p
+    lse = m.add_(log_s)
+    logp = lsm.gather(1, tgt[:, None]).squeeze(1)
+    ent = -lsm.exp().mul_(lsm).nan_to_num_(nan=0.0).sum(-1) if with_entropy else None  # 0 log 0 = 0
+    return logp, lse, ent
+
+
+def logits_grad_rows_(lsm: torch.Tensor, tgt: torch.Tensor, ent, g_logp: torch.Tensor, g_ent) -> torch.Tensor:
+    """lsm (C, V) log p, overwritten; ent, g_logp, g_ent (C,) (ent / g_ent None: no entropy term) -> dz (C, V),
+    the gradient w.r.t. the scaled logits: g_logp (1[j = t] - p_j) - g_ent p_j (log p_j + ent)."""
+    p = lsm.exp()  # (C, V)
+    if g_ent is None:
+        dz = p.mul_(-g_logp[:, None])
+    else:  # p (g_logp + g_ent (log p + ent)), with 0 where p == 0 (-inf logits)
+        dz = p.mul_(lsm.add_(ent[:, None]).mul_(g_ent[:, None]).add_(g_logp[:, None])).nan_to_num_(nan=0.0).neg_()
+    return dz.scatter_add_(1, tgt[:, None], g_logp[:, None])
 
 
 class _TorchTokenLogprobs(torch.autograd.Function):
@@ -76,16 +97,10 @@ class _TorchTokenLogprobs(torch.autograd.Function):
         logp = torch.empty_like(lse)
         ent = torch.empty_like(lse) if with_entropy else lse.new_empty(0)
         for b, ts in _row_chunks(B, T, V):
-            z = _scaled(x[b, ts], temperature)  # (C, V)
-            lsm = torch.log_softmax(z, -1)  # (C, V) log p
-            t = tgt[b, ts, None]  # (C, 1)
-            logp[b, ts] = lsm.gather(1, t).squeeze(1)
-            lse[b, ts] = (z.gather(1, t) - lsm.gather(1, t)).squeeze(1)  # z_j - log p_j = lse for any finite z_j
+            logp[b, ts], lse[b, ts], ent_c = log_softmax_rows_(scaled_copy(x[b, ts], temperature), tgt[b, ts],
+                                                              with_entropy)
             if with_entropy:
-                ent[b, ts] = -_masked_plogp(lsm.exp(), lsm).sum(-1)
-        bad = ~torch.isfinite(lse)  # (B, T) rows whose target logit is -inf
-        if bad.any():
-            lse[bad] = torch.logsumexp(_scaled(x[bad], temperature), -1)
+                ent[b, ts] = ent_c
         ctx.save_for_backward(logits, tgt, lse, ent)
         ctx.temperature = temperature
         shape = logits.shape[:-1]
@@ -99,14 +114,9 @@ class _TorchTokenLogprobs(torch.autograd.Function):
         g_logp = torch.zeros_like(lse) if g_logp is None else g_logp.reshape(lse.shape)  # (B, T)
         with_entropy = g_ent is not None and ent.numel() > 0
         for b, ts in _row_chunks(*x.shape):
-            lsm = _scaled(x[b, ts], ctx.temperature) - lse[b, ts, None]  # (C, V) log p
-            p = lsm.exp()  # (C, V)
-            if with_entropy:
-                g_e = g_ent.reshape(lse.shape)[b, ts, None]  # (C, 1)
-                dz = _masked_plogp(p, lsm.add_(ent[b, ts, None])).mul_(-g_e).sub_(p.mul_(g_logp[b, ts, None]))
-            else:
-                dz = p.mul_(-g_logp[b, ts, None])  # (C, V)
-            dz.scatter_add_(1, tgt[b, ts, None], g_logp[b, ts, None])
+            lsm = scaled_copy(x[b, ts], ctx.temperature).sub_(lse[b, ts, None])  # (C, V) log p
+            dz = logits_grad_rows_(lsm, tgt[b, ts], ent[b, ts] if with_entropy else None, g_logp[b, ts],
+                                   g_ent.reshape(lse.shape)[b, ts] if with_entropy else None)
             dx[b, ts] = dz if ctx.temperature == 1.0 else dz.div_(ctx.temperature)
         return dx.view(logits.shape), None, None, None
 
