@@ -60,23 +60,25 @@ def scaled_copy(x: torch.Tensor, temperature: float) -> torch.Tensor:
     return z if temperature == 1.0 else z.div_(temperature)
 
 
-def log_softmax_rows_(z: torch.Tensor, tgt: torch.Tensor, with_entropy: bool):
+def log_softmax_rows_(z: torch.Tensor, tgt: torch.Tensor, with_entropy: bool, scratch=None):
     """z (C, V) scaled logits, overwritten with log p; tgt (C,) -> logp (C,), lse (C,), ent (C,) or None.
-    At most one (C, V) temporary besides z (logsumexp's, then p log p's)."""
+    One (C, V) temporary besides z: scratch if given (its values are then garbage), else allocated."""
     m = z.amax(-1)  # (C,) finite while a row has one finite logit
     lsm = z.sub_(m[:, None])
-    log_s = lsm.exp().sum(-1).log_()  # (C,)
+    log_s = torch.exp(lsm, out=scratch).sum(-1).log_()  # (C,)
     lsm.sub_(log_s[:, None])  # (C, V) log p
     lse = m.add_(log_s)
     logp = lsm.gather(1, tgt[:, None]).squeeze(1)
-    ent = -lsm.exp().mul_(lsm).nan_to_num_(nan=0.0).sum(-1) if with_entropy else None  # 0 log 0 = 0
+    ent = -torch.exp(lsm, out=scratch).mul_(lsm).nan_to_num_(nan=0.0).sum(-1) if with_entropy else None  # 0 log 0
     return logp, lse, ent
 
 
-def logits_grad_rows_(lsm: torch.Tensor, tgt: torch.Tensor, ent, g_logp: torch.Tensor, g_ent) -> torch.Tensor:
+def logits_grad_rows_(lsm: torch.Tensor, tgt: torch.Tensor, ent, g_logp: torch.Tensor, g_ent,
+                      scratch=None) -> torch.Tensor:
     """lsm (C, V) log p, overwritten; ent, g_logp, g_ent (C,) (ent / g_ent None: no entropy term) -> dz (C, V),
-    the gradient w.r.t. the scaled logits: g_logp (1[j = t] - p_j) - g_ent p_j (log p_j + ent)."""
-    p = lsm.exp()  # (C, V)
+    the gradient w.r.t. the scaled logits: g_logp (1[j = t] - p_j) - g_ent p_j (log p_j + ent); dz is written
+    into scratch if given, else into a new tensor."""
+    p = torch.exp(lsm, out=scratch)  # (C, V)
     if g_ent is None:
         dz = p.mul_(-g_logp[:, None])
     else:  # p (g_logp + g_ent (log p + ent)), with 0 where p == 0 (-inf logits)
