@@ -43,15 +43,16 @@ GEMMs are torch's (cuBLAS / CPU BLAS) in both.
 import torch
 
 from kernels._common import use_triton
-from kernels.fused_ppo import _fused_logits_ppo_kernel
+from kernels.fused_ppo import _fused_logits_ppo_kernel, hand_over_grads
 from kernels.ppo_loss import _token_loss_torch, ppo_launch_args, ppo_stats
 from kernels.token_logprobs import (_acc_dtype, _token_logprobs_bwd, _token_logprobs_fwd, log_softmax_rows_,
                                     logits_grad_rows_, row_launch_args)
 
 # Logits per token chunk (32 MiB of fp32): at V=151936 that is C=55 tokens. CPU, 1 thread, 2-core machine under
 # load: the three GEMMs of a chunk ran at 20-30 GFLOP/s at C=16..27, 37-59 at C=64 and 46-69 at C=128 (H=896,
-# V=151936); the transients are about two (C, V) fp32 tensors, which the memory goal (1/8 of the unfused path,
-# most of it the (V, H) weight gradient) bounds.
+# V=151936); the transients are two (C, V) fp32 buffers, which the memory goal (1/8 of the unfused path, whose
+# own floor is the (V, H) weight gradient) bounds. At T=4096, H=896, V=151936 fp32 (bench_kernels.py --only
+# fused-linear): 615 MB peak vs 5396 MB unfused (ratio 0.114; 519 MB of it the weight gradient) at 1.03x its time.
 _CHUNK_LOGITS = 1 << 23
 
 
@@ -61,7 +62,7 @@ def _chunk_logits(h, weight, bias, chunk, with_scratch):
     dtype. Both live in buffers allocated once and overwritten by every chunk (no allocator churn: with fresh
     tensors per chunk glibc kept about three more (C, V) buffers resident, measured at V=151936 on CPU)."""
     N, V = h.shape[0], weight.shape[0]
-    C = min(N, chunk or max(1, _CHUNK_LOGITS // V))
+    C = max(1, min(N, chunk or _CHUNK_LOGITS // V))
     z_buf = torch.empty(C, V, device=h.device, dtype=h.dtype)
     s_buf = torch.empty(C, V, device=h.device, dtype=_acc_dtype(h)) if with_scratch else None
     for s in range(0, N, C):
@@ -79,7 +80,6 @@ class _Grads:
     three only if needed."""
 
     def __init__(self, h, weight, bias, needs):
-        self.needs = needs
         self.dh = torch.empty_like(h) if needs[0] else None
         acc = _acc_dtype(weight)
         self.dw = torch.zeros(weight.shape, device=weight.device, dtype=acc) if needs[1] else None
@@ -94,7 +94,7 @@ class _Grads:
         if self.db is not None:
             self.db += dz.sum(0, dtype=self.db.dtype)
 
-    def result(self, h, weight, bias) -> tuple:
+    def result(self, weight, bias) -> tuple:
         """(dh, dweight, dbias) in the inputs' dtypes, None where not needed."""
         return (self.dh, None if self.dw is None else self.dw.to(weight.dtype),
                 None if self.db is None else self.db.to(bias.dtype))
@@ -126,9 +126,9 @@ def _ppo_rows_torch(z, scratch, sl, tgt, ins, outs, cfg, write_grad):
                                               cfg["dual_clip"], cfg["kl_coef"])
         tok = torch.where(w != 0, w * (l - cfg["entropy_coef"] * ent), 0.0)  # (C,)
         g_logp = torch.autograd.grad(tok.sum(), logp)[0] * cfg["grad_scale"] if write_grad else None
-    valid = w != 0
-    for name, x in (("logp", logp), ("ent", ent), ("tok", tok), ("ratio", ratio), ("clipped", clipped)):
-        outs[name][sl] = torch.where(valid, x.detach(), 0) if name in ("logp", "ent") else x.detach()
+    outs["logp"][sl] = torch.where(w != 0, logp.detach(), 0.0)
+    outs["ent"][sl] = torch.where(w != 0, ent, 0.0)
+    outs["tok"][sl], outs["ratio"][sl], outs["clipped"][sl] = tok.detach(), ratio.detach(), clipped
     if not write_grad:
         return None
     g_ent = -cfg["grad_scale"] * cfg["entropy_coef"] * w if cfg["entropy_coef"] != 0.0 else None
@@ -164,20 +164,14 @@ class _FusedLinearPPOLoss(torch.autograd.Function):
             dz = row_step(z, scratch, sl, targets[sl], ins, outs, cfg, any(needs))  # (C, V)
             if dz is not None:
                 grads.add(sl, dz, h[sl], weight)
-        ctx.grads = grads.result(h, weight, bias) if any(needs) else None
+        ctx.grads = grads.result(weight, bias) if any(needs) else None
         ctx.grad_scale = cfg["grad_scale"]
         ctx.mark_non_differentiable(outs["logp"], outs["ent"], outs["ratio"], outs["clipped"])
         return outs["tok"].sum(), outs["logp"], outs["ent"], outs["ratio"], outs["clipped"]
 
     @staticmethod
     def backward(ctx, g_loss, *_):
-        grads, ctx.grads = ctx.grads, None  # handed over once: a second backward raises below
-        if grads is None:
-            raise RuntimeError("fused_linear_ppo_loss: backward can run once per forward")
-        if g_loss.ne(ctx.grad_scale).item():
-            s = g_loss / ctx.grad_scale
-            grads = tuple(None if g is None else g.mul_(s.to(g.dtype)) for g in grads)
-        return grads + (None,) * 6
+        return hand_over_grads(ctx, g_loss, "fused_linear_ppo_loss") + (None,) * 6
 
 
 def fused_linear_ppo_loss(h, weight, targets, old_logp, adv, w, clip_low=0.2, clip_high=0.28, dual_clip=None,
@@ -248,7 +242,7 @@ class _LinearTokenLogprobs(torch.autograd.Function):
                                        g_ent[sl] if with_entropy else None, scratch)
                 dz = dz if temperature == 1.0 else dz.div_(temperature)
             grads.add(sl, dz, h[sl], weight)
-        return grads.result(h, weight, bias) + (None,) * 6
+        return grads.result(weight, bias) + (None,) * 6
 
 
 def linear_token_logprobs(h, weight, targets, temperature=1.0, with_entropy=False, bias=None, impl="auto",

@@ -73,6 +73,19 @@ def _fused_logits_ppo_kernel(x_ptr, dx_ptr, tgt_ptr, old_ptr, adv_ptr, ref_ptr, 
         tl.store(clipped_ptr + row, tl.full([], 0, tl.int8))
 
 
+def hand_over_grads(ctx, g_loss, op: str) -> tuple:
+    """Backward of a loss whose forward computed its input gradients ctx.grads (a tuple, None entries allowed)
+    for the upstream gradient ctx.grad_scale: hands them over once (a second backward raises), rescaled in place
+    by g_loss / grad_scale only if g_loss differs."""
+    grads, ctx.grads = ctx.grads, None
+    if grads is None:
+        raise RuntimeError(f"{op}: backward can run once per forward")
+    if g_loss.ne(ctx.grad_scale).item():
+        s = g_loss / ctx.grad_scale
+        grads = tuple(None if g is None else g.mul_(s.to(g.dtype)) for g in grads)
+    return grads
+
+
 class _FusedLogitsPPOLoss(torch.autograd.Function):
     """Forward computes the loss and dlogits together; backward returns dlogits (times the upstream gradient)."""
 
@@ -93,19 +106,14 @@ class _FusedLogitsPPOLoss(torch.autograd.Function):
                                                  grad_scale=grad_scale, entropy_coef=entropy_coef,
                                                  HAS_ENT_COEF=entropy_coef != 0.0, WRITE_GRAD=write_grad,
                                                  ON_POLICY=False, **scalars, **row_launch_args(x, temperature))
-        ctx.dx = dx.view(logits.shape) if write_grad else None
+        ctx.grads = (dx.view(logits.shape),) if write_grad else None
         ctx.grad_scale = grad_scale
         ctx.mark_non_differentiable(logp, ent, ratio, clipped)
         return tok.sum(), logp, ent, ratio, clipped
 
     @staticmethod
     def backward(ctx, g_loss, *_):
-        dx, ctx.dx = ctx.dx, None  # handed over once: a second backward raises below
-        if dx is None:
-            raise RuntimeError("fused_logits_ppo_loss: backward can run once per forward")
-        if g_loss.ne(ctx.grad_scale).item():
-            dx.mul_((g_loss / ctx.grad_scale).to(dx.dtype))
-        return (dx,) + (None,) * 12
+        return hand_over_grads(ctx, g_loss, "fused_logits_ppo_loss") + (None,) * 12
 
 
 def fused_logits_ppo_loss(logits, targets, old_logp, adv, mask, clip_low=0.2, clip_high=0.28, dual_clip=None,

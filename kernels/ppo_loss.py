@@ -69,7 +69,7 @@ def ppo_stats(ratio, clipped, logp, old_logp, mask, ent=None) -> dict:
         return torch.where(valid, x.detach().float(), 0.0)
 
     vals = [masked(clipped).sum() / n, masked(old_logp - logp).sum() / n, masked(ratio).sum() / n,
-            masked(ratio).max()]
+            masked(ratio).max() if ratio.numel() else n.new_zeros((), dtype=torch.float32)]  # no token at all
     keys = STAT_KEYS if ent is None else STAT_KEYS + ("entropy",)
     if ent is not None:
         vals.append(masked(ent).sum() / n)

@@ -23,6 +23,8 @@ TOL = {
     torch.float32: {"fwd": (1e-5, 1e-5), "grad": (1e-5, 1e-5)},
     torch.bfloat16: {"fwd": (1e-3, 1e-5), "grad": (2e-2, 1e-2)},
 }
+FUSED_LINEAR = importlib.import_module("kernels.fused_linear")
+DEFAULT_CHUNK_LOGITS = FUSED_LINEAR._CHUNK_LOGITS
 SHAPES = {"torch": (37, 19, 1001), "triton": (13, 11, 301)}  # (N, H, V); interpreter time grows with N * V
 
 
@@ -30,7 +32,7 @@ SHAPES = {"torch": (37, 19, 1001), "triton": (13, 11, 301)}  # (N, H, V); interp
 def small_chunks(monkeypatch):
     """Chunks of 2 tokens at V = 1001 (N = 37), 6 at V = 301 (N = 13): ragged last chunks; several vocabulary
     blocks per row."""
-    monkeypatch.setattr(importlib.import_module("kernels.fused_linear"), "_CHUNK_LOGITS", 2100)
+    monkeypatch.setattr(FUSED_LINEAR, "_CHUNK_LOGITS", 2100)
     if DEV == "cpu":
         monkeypatch.setattr(importlib.import_module("kernels.token_logprobs"), "MAX_BLOCK_V", 128)
 
@@ -81,12 +83,9 @@ PPO_CASES = {  # name: (temperature, entropy_coef, dual_clip, kl_coef, bias, on_
 }
 
 
-@pytest.mark.parametrize("impl", ["triton", "torch"])
-@pytest.mark.parametrize("dtype", TOL, ids=str)
-@pytest.mark.parametrize("case", PPO_CASES)
-def test_fused_linear_ppo_loss(impl, dtype, case):
+def check_fused_linear(impl, dtype, case, N, H, V):
+    """Loss, logp, ent, stats and the h / W / b gradients against the fp64 unfused composition."""
     T, ec, dual_clip, kl_coef, bias, on_policy, grad_scale, upstream = PPO_CASES[case]
-    N, H, V = SHAPES[impl]
     (h, W, b), (h64, W64, b64), tgt = make_linear(N, H, V, dtype, bias)
     old, adv, ref, w, onp = ppo_inputs(ref_token_logprobs(ref_logits(h64, W64, b64, dtype), tgt, T)[0])
     onp = onp if on_policy else None
@@ -110,6 +109,21 @@ def test_fused_linear_ppo_loss(impl, dtype, case):
     for name, g, g64, x in zip("hWb", got, wanted, leaves):
         assert g.dtype == x.dtype
         close(g, g64, tol["grad"], f"d{name}", scaled=True)
+
+
+@pytest.mark.parametrize("impl", ["triton", "torch"])
+@pytest.mark.parametrize("dtype", TOL, ids=str)
+@pytest.mark.parametrize("case", PPO_CASES)
+def test_fused_linear_ppo_loss(impl, dtype, case):
+    check_fused_linear(impl, dtype, case, *SHAPES[impl])
+
+
+@pytest.mark.skipif(DEV == "cpu", reason="large shapes need CUDA")
+@pytest.mark.parametrize("dtype", TOL, ids=str)
+def test_fused_linear_ppo_loss_large(dtype, monkeypatch):
+    """Qwen2.5-0.5B's head (H = 896, V = 151936), N = 300: default-size chunks (55 tokens), the last ragged."""
+    monkeypatch.setattr(FUSED_LINEAR, "_CHUNK_LOGITS", DEFAULT_CHUNK_LOGITS)
+    check_fused_linear("triton", dtype, "all-terms", 300, 896, 151936)
 
 
 @pytest.mark.parametrize("impl", ["triton", "torch"])
@@ -182,11 +196,14 @@ def test_masked_tokens_hold_garbage(impl):
 
 @pytest.mark.parametrize("impl", ["triton", "torch"])
 def test_all_masked(impl):
-    """No valid token: loss 0, zero gradients, stats 0."""
+    """No valid token, or no token at all: loss 0, zero gradients, stats 0."""
     (h, W, b), tgt, old, adv, _, w, _ = small_ppo_case(impl)
     loss, _, _, stats = fused_linear_ppo_loss(h, W, tgt, old, adv, torch.zeros_like(w), bias=b, impl=impl)
     assert loss.item() == 0.0 and set(stats.values()) == {0.0}
     assert all(torch.all(g == 0) for g in torch.autograd.grad(loss, (h, W, b)))
+    loss, logp, _, stats = fused_linear_ppo_loss(h[:0], W, tgt[:0], old[:0], adv[:0], w[:0], bias=b, impl=impl)
+    assert loss.item() == 0.0 and logp.shape == (0,) and set(stats.values()) == {0.0}
+    assert all(torch.all(g == 0) for g in torch.autograd.grad(loss, (W, b)))
 
 
 @pytest.mark.parametrize("impl", ["triton", "torch"])
