@@ -35,7 +35,7 @@ are upcast). Backward hands them over, rescaled in place only if the upstream gr
 pass as grad_scale the factor the caller multiplies the loss by before backward; it changes speed, never
 results. Backward can run once per forward. linear_token_logprobs cannot know its upstream gradient in the
 forward: it saves per-row lse (and ent) and its backward recomputes each chunk's logits (four GEMMs in all).
-Row step: impl="torch" (CPU default) in torch (log_softmax_rows_ / logits_grad_rows_ of token_logprobs, the
+Row step: impl="torch" (CPU default) in torch (log_softmax_rows / logits_grad_rows_ of token_logprobs, the
 token loss's derivative by autograd through ppo_loss's torch token loss); impl="triton" (CUDA default) the
 row kernels of fused_ppo.py / token_logprobs.py on the chunk's logits, dlogits written over them in place. The
 GEMMs are torch's (cuBLAS / CPU BLAS) in both.
@@ -45,8 +45,8 @@ import torch
 from kernels._common import use_triton
 from kernels.fused_ppo import _fused_logits_ppo_kernel, hand_over_grads
 from kernels.ppo_loss import _token_loss_torch, ppo_launch_args, ppo_stats
-from kernels.token_logprobs import (_acc_dtype, _token_logprobs_bwd, _token_logprobs_fwd, log_softmax_rows_,
-                                    logits_grad_rows_, row_launch_args)
+from kernels.token_logprobs import (_acc_dtype, _token_logprobs_bwd, _token_logprobs_fwd, log_softmax_rows,
+                                    logits_grad_rows_, row_launch_args, scaled)
 
 # Logits per token chunk (32 MiB of fp32): at V=151936 that is C=55 tokens. CPU, 1 thread, 2-core machine under
 # load: the three GEMMs of a chunk ran at 20-30 GFLOP/s at C=16..27, 37-59 at C=64 and 46-69 at C=128 (H=896,
@@ -106,18 +106,12 @@ def _needs_grad(h, weight, bias) -> tuple:
     return tuple(on and x is not None and x.requires_grad for x in (h, weight, bias))
 
 
-def _scaled_(z, dtype, temperature) -> torch.Tensor:
-    """z / temperature in dtype: in z's own buffer unless that needs a conversion (bf16 / fp16 logits)."""
-    zs = z.to(dtype)  # (C, V)
-    return zs if temperature == 1.0 else zs.div_(temperature)
-
-
 def _ppo_rows_torch(z, scratch, sl, tgt, ins, outs, cfg, write_grad):
     """Torch row step of chunk sl: z (C, V) logits (consumed) -> outs[...][sl] filled, dz (C, V) (in scratch)
     or None."""
     T = cfg["temperature"]
-    zs = _scaled_(z, scratch.dtype, T)  # (C, V)
-    logp, _, ent = log_softmax_rows_(zs, tgt, True, scratch)  # zs is now log p
+    zs = scaled(z, T, inplace=True)  # (C, V), in z's buffer unless h is bf16 / fp16
+    lsm, logp, _, ent = log_softmax_rows(zs, tgt, True, out=scratch, scratch=zs)  # (C, V) log p in scratch
     old, adv, ref, w, onp = (None if x is None else x[sl] for x in ins)
     logp.requires_grad_(write_grad)
     with torch.enable_grad():
@@ -132,7 +126,7 @@ def _ppo_rows_torch(z, scratch, sl, tgt, ins, outs, cfg, write_grad):
     if not write_grad:
         return None
     g_ent = -cfg["grad_scale"] * cfg["entropy_coef"] * w if cfg["entropy_coef"] != 0.0 else None
-    dz = logits_grad_rows_(zs, tgt, ent, g_logp, g_ent, scratch)  # (C, V)
+    dz = logits_grad_rows_(lsm, tgt, ent, g_logp, g_ent, scratch=zs)  # (C, V)
     return dz if T == 1.0 else dz.div_(T)
 
 
@@ -212,8 +206,8 @@ class _LinearTokenLogprobs(torch.autograd.Function):
                                                    else ent, WITH_ENT=with_entropy,
                                                    **row_launch_args(x, temperature))
             else:
-                logp[sl], lse[sl], ent_c = log_softmax_rows_(_scaled_(z, scratch.dtype, temperature), targets[sl],
-                                                             with_entropy, scratch)
+                zs = scaled(z, temperature, inplace=True)  # (C, V)
+                _, logp[sl], lse[sl], ent_c = log_softmax_rows(zs, targets[sl], with_entropy, out=scratch, scratch=zs)
                 if with_entropy:
                     ent[sl] = ent_c
         if any(needs):
@@ -237,7 +231,7 @@ class _LinearTokenLogprobs(torch.autograd.Function):
                                                    WITH_ENT=with_entropy, **row_launch_args(x, temperature))
                 dz = z
             else:
-                lsm = _scaled_(z, scratch.dtype, temperature).sub_(lse[sl, None])  # (C, V) log p
+                lsm = scaled(z, temperature, inplace=True).sub_(lse[sl, None])  # (C, V) log p
                 dz = logits_grad_rows_(lsm, targets[sl], ent[sl] if with_entropy else None, g_logp[sl],
                                        g_ent[sl] if with_entropy else None, scratch)
                 dz = dz if temperature == 1.0 else dz.div_(temperature)

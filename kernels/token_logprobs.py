@@ -15,9 +15,8 @@ s = sum 2^(a - m) and w = sum 2^(a - m) (a - m), so ent = ln2 (log2 s - w / s) n
 only lse2 = m + log2 s (and ent) per row: 4 (8) bytes a token. Backward reads the row once and writes dlogits
 once, in fp32 arithmetic.
 Torch path: row chunks of about _CHUNK_ELEMS logits, so its extra memory is O(chunk * V) instead of an (N, V)
-fp32 copy: two (C, V) temporaries at a time, the fp32 copy that becomes log p in place and one more
-(log_softmax_rows_, logits_grad_rows_, shared with the fused lm_head op); backward recomputes p per chunk from
-the saved per-row lse.
+fp32 copy (log_softmax_rows, logits_grad_rows_, shared with the fused lm_head op); backward recomputes p per
+chunk from the saved per-row lse.
 """
 import torch
 import triton
@@ -54,23 +53,28 @@ def _acc_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.promote_types(x.dtype, torch.float32)
 
 
-def scaled_copy(x: torch.Tensor, temperature: float) -> torch.Tensor:
-    """x / temperature as a new tensor in the accumulation dtype (the caller may overwrite it)."""
-    z = x.to(_acc_dtype(x), copy=True)
-    return z if temperature == 1.0 else z.div_(temperature)
+def scaled(x: torch.Tensor, temperature: float, inplace: bool = False) -> torch.Tensor:
+    """x / temperature in the accumulation dtype: x itself when there is nothing to do (fp32 at temperature 1),
+    else a new tensor; inplace: divide x's own buffer when x already has that dtype (a buffer the caller owns)."""
+    z = x.to(_acc_dtype(x))
+    if temperature == 1.0:
+        return z
+    return z.div_(temperature) if inplace or z is not x else z / temperature
 
 
-def log_softmax_rows_(z: torch.Tensor, tgt: torch.Tensor, with_entropy: bool, scratch=None):
-    """z (C, V) scaled logits, overwritten with log p; tgt (C,) -> logp (C,), lse (C,), ent (C,) or None.
-    One (C, V) temporary besides z: scratch if given (its values are then garbage), else allocated."""
-    m = z.amax(-1)  # (C,) finite while a row has one finite logit
-    lsm = z.sub_(m[:, None])
-    log_s = torch.exp(lsm, out=scratch).sum(-1).log_()  # (C,)
-    lsm.sub_(log_s[:, None])  # (C, V) log p
-    lse = m.add_(log_s)
-    logp = lsm.gather(1, tgt[:, None]).squeeze(1)
+def log_softmax_rows(z: torch.Tensor, tgt: torch.Tensor, with_entropy: bool, out=None, scratch=None):
+    """z (C, V) scaled logits, tgt (C,) -> log p (C, V) (written into out if given), logp (C,), lse (C,),
+    ent (C,) or None. The entropy's p log p goes to scratch if given (z itself when the caller no longer needs
+    it), else to a new tensor."""
+    lsm = torch.log_softmax(z, -1, out=out)  # (C, V); CPU 1 thread, 131 x 32000 fp32: 7.3 ms into out, 18 new
+    t = tgt[:, None]  # (C, 1)
+    logp = lsm.gather(1, t).squeeze(1)
+    lse = (z.gather(1, t) - lsm.gather(1, t)).squeeze(1)  # z_t - log p_t = lse for any finite z_t
+    bad = ~torch.isfinite(lse)  # (C,) rows whose target logit is -inf
+    if bad.any():
+        lse[bad] = torch.logsumexp(z[bad], -1)
     ent = -torch.exp(lsm, out=scratch).mul_(lsm).nan_to_num_(nan=0.0).sum(-1) if with_entropy else None  # 0 log 0
-    return logp, lse, ent
+    return lsm, logp, lse, ent
 
 
 def logits_grad_rows_(lsm: torch.Tensor, tgt: torch.Tensor, ent, g_logp: torch.Tensor, g_ent,
@@ -99,8 +103,8 @@ class _TorchTokenLogprobs(torch.autograd.Function):
         logp = torch.empty_like(lse)
         ent = torch.empty_like(lse) if with_entropy else lse.new_empty(0)
         for b, ts in _row_chunks(B, T, V):
-            logp[b, ts], lse[b, ts], ent_c = log_softmax_rows_(scaled_copy(x[b, ts], temperature), tgt[b, ts],
-                                                              with_entropy)
+            _, logp[b, ts], lse[b, ts], ent_c = log_softmax_rows(scaled(x[b, ts], temperature), tgt[b, ts],
+                                                                 with_entropy)
             if with_entropy:
                 ent[b, ts] = ent_c
         ctx.save_for_backward(logits, tgt, lse, ent)
@@ -116,7 +120,7 @@ class _TorchTokenLogprobs(torch.autograd.Function):
         g_logp = torch.zeros_like(lse) if g_logp is None else g_logp.reshape(lse.shape)  # (B, T)
         with_entropy = g_ent is not None and ent.numel() > 0
         for b, ts in _row_chunks(*x.shape):
-            lsm = scaled_copy(x[b, ts], ctx.temperature).sub_(lse[b, ts, None])  # (C, V) log p
+            lsm = scaled(x[b, ts], ctx.temperature) - lse[b, ts, None]  # (C, V) log p
             dz = logits_grad_rows_(lsm, tgt[b, ts], ent[b, ts] if with_entropy else None, g_logp[b, ts],
                                    g_ent.reshape(lse.shape)[b, ts] if with_entropy else None)
             dx[b, ts] = dz if ctx.temperature == 1.0 else dz.div_(ctx.temperature)
