@@ -13,7 +13,7 @@ the fwd+bwd figure includes the dlogits both paths must return, and "beyond dlog
 CPU, fused lm_head -> PPO loss (issue 13): fused_linear_ppo_loss against the unfused path (logits = h @ W.T, then
 fused_logits_ppo_loss's CPU path, token_logprobs + ppo_loss, as the trainer runs today), forward+backward into fp32
 leaves h (T, H) and W (V, H) at T=4096, H=896, V=151936 (Qwen2.5-0.5B's head: logits are 2.5 GB in fp32). Each
-path runs once in a fresh subprocess: peak RSS growth during the call as above, and its wall time.
+path runs once in a fresh subprocess: peak RSS growth during the call as above, its wall time and its CPU time.
 CUDA: triton.testing.do_bench median (p20, p80) for T x V x dtype, forward-only and forward+backward, for the
 kernels (token_logprobs, two-kernel token_logprobs + ppo_loss, fused logits -> PPO loss), torch eager,
 torch.compile of the same naive code, and Liger-Kernel (selective log-softmax forward, triton_grpo_loss
@@ -171,14 +171,16 @@ def linear_ppo_step(impl: str, T: int, H: int, V: int):
 
 
 def linear_worker(args) -> None:
-    """Subprocess: one call of linear_ppo_step (inputs already allocated); prints peak RSS growth, seconds, loss."""
+    """Subprocess: one call of linear_ppo_step (inputs already allocated); prints peak RSS growth, wall and CPU
+    seconds (the CPU time of this process: robust to other jobs on a shared machine), loss."""
     step = linear_ppo_step(args.linear_worker, *args.linear_shape)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # resets VmHWM to the current RSS
     before = rss_bytes("VmRSS")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     loss = step()
-    print(json.dumps(dict(s=time.perf_counter() - t0, peak=rss_bytes("VmHWM") - before, loss=loss)))
+    print(json.dumps(dict(s=time.perf_counter() - t0, cpu_s=time.process_time() - c0,
+                          peak=rss_bytes("VmHWM") - before, loss=loss)))
 
 
 def run_fused_linear(args) -> dict:
@@ -188,13 +190,14 @@ def run_fused_linear(args) -> dict:
         cmd = [sys.executable, __file__, "--linear-worker", impl, "--threads", str(args.threads), "--linear-shape",
                ",".join(map(str, args.linear_shape))]
         out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.split("\n")[-2])
-        rows.append(dict(case="linear fwd+bwd", impl=impl, s=round(out["s"], 2),
+        rows.append(dict(case="linear fwd+bwd", impl=impl, s=round(out["s"], 2), cpu_s=round(out["cpu_s"], 2),
                          peak_extra_MB=round(out["peak"] / 2**20, 1), loss=out["loss"]))
     unfused, fused = rows
-    print_table(rows, ["case", "impl", "s", "peak_extra_MB", "loss"])
+    print_table(rows, ["case", "impl", "s", "cpu_s", "peak_extra_MB", "loss"])
     return dict(shapes=dict(zip("THV", args.linear_shape), dtype="fp32"), results=rows,
                 fused_linear_mem_ratio=round(fused["peak_extra_MB"] / unfused["peak_extra_MB"], 4),  # goal <= 1/8
                 fused_linear_time_ratio=round(fused["s"] / unfused["s"], 3),
+                fused_linear_cpu_time_ratio=round(fused["cpu_s"] / unfused["cpu_s"], 3),
                 loss_rel_diff=abs(fused["loss"] - unfused["loss"]) / abs(unfused["loss"]))
 
 
