@@ -52,7 +52,8 @@ from kernels.token_logprobs import (_acc_dtype, _token_logprobs_bwd, _token_logp
 # load: the three GEMMs of a chunk ran at 20-30 GFLOP/s at C=16..27, 37-59 at C=64 and 46-69 at C=128 (H=896,
 # V=151936); the transients are two (C, V) fp32 buffers, which the memory goal (1/8 of the unfused path, whose
 # own floor is the (V, H) weight gradient) bounds. At T=4096, H=896, V=151936 fp32 (bench_kernels.py --only
-# fused-linear): 615 MB peak vs 5396 MB unfused (ratio 0.114; 519 MB of it the weight gradient) at 1.03x its time.
+# fused-linear): 616 MB peak vs 5392 MB unfused (ratio 0.114; 519 MB of it the weight gradient), 1.26x its CPU
+# time (wall 1.03x to 1.57x with the machine's load).
 _CHUNK_LOGITS = 1 << 23
 
 
