@@ -3,12 +3,17 @@
     python benchmarks/bench_kernels.py                    # CPU: torch path vs naive log_softmax + gather
     python benchmarks/bench_kernels.py --quick            # CUDA: T=16384, V=151936 bf16 only
     python benchmarks/bench_kernels.py --budget-s 300     # CUDA: full grid, stop starting cases after 300 s
+    python benchmarks/bench_kernels.py --only fused-linear  # CPU: only the fused lm_head -> PPO loss case
 
 CPU (no CUDA): token_logprobs' chunked torch path against the naive path at N x V (default 4096 x 32000 fp32):
 forward (logp), forward+backward (logp) and forward+backward (logp + entropy). Time: median (p20, p80) over
 rounds that alternate the two paths, so both see the same load on a shared machine. Peak extra memory: each case
 in a fresh subprocess, peak RSS during the call (VmHWM reset just before) minus RSS before it (inputs allocated);
 the fwd+bwd figure includes the dlogits both paths must return, and "beyond dlogits" subtracts its N*V*elt bytes.
+CPU, fused lm_head -> PPO loss (issue 13): fused_linear_ppo_loss against the unfused path (logits = h @ W.T, then
+fused_logits_ppo_loss's CPU path, token_logprobs + ppo_loss, as the trainer runs today), forward+backward into fp32
+leaves h (T, H) and W (V, H) at T=4096, H=896, V=151936 (Qwen2.5-0.5B's head: logits are 2.5 GB in fp32). Each
+path runs once in a fresh subprocess: peak RSS growth during the call as above, its wall time and its CPU time.
 CUDA: triton.testing.do_bench median (p20, p80) for T x V x dtype, forward-only and forward+backward, for the
 kernels (token_logprobs, two-kernel token_logprobs + ppo_loss, fused logits -> PPO loss), torch eager,
 torch.compile of the same naive code, and Liger-Kernel (selective log-softmax forward, triton_grpo_loss
@@ -29,7 +34,7 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kernels import fused_logits_ppo_loss, ppo_loss, token_logprobs  # noqa: E402
+from kernels import fused_linear_ppo_loss, fused_logits_ppo_loss, ppo_loss, token_logprobs  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 CPU_CASES = {  # name: (backward, with_entropy)
@@ -135,8 +140,65 @@ def run_cpu(args) -> dict:
                        "mem_vs_naive"])
     goal = {f"{r['case']} {k}": r[k] for r in rows if r["impl"] == "torch-chunked"
             for k in ("time_vs_naive", "mem_vs_naive")}  # issue 3: mem <= 0.25 at time <= 1.2
-    return dict(device=f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
-                shapes=dict(N=args.n, V=args.v, dtype=args.dtype), goals=goal, results=rows)
+    return dict(shapes=dict(N=args.n, V=args.v, dtype=args.dtype), goals=goal, results=rows)
+
+
+# ---------------------------------------------------------------- CPU: fused lm_head -> PPO loss
+def linear_ppo_step(impl: str, T: int, H: int, V: int):
+    """Forward + backward of the PPO loss (dual clip 10, entropy bonus 0.01, token mean) from fp32 leaves h (T, H)
+    and W (V, H): impl "fused" (fused_linear_ppo_loss) or "unfused" (h @ W.T, then fused_logits_ppo_loss) ->
+    step() returning the loss; the gradients are dropped after each call."""
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(T, H, generator=g, requires_grad=True)
+    W = (torch.randn(V, H, generator=g) / H ** 0.5).requires_grad_(True)
+    tgt = torch.randint(0, V, (T,), generator=g)
+    old = -12 + 0.3 * torch.randn(T, generator=g)  # near log(1 / V): ratios around 1, some clipped
+    adv = torch.randn(T, generator=g)
+
+    def step() -> float:
+        if impl == "fused":
+            loss, *_ = fused_linear_ppo_loss(h, W, tgt, old, adv, torch.full((T,), 1 / T), dual_clip=10.0,
+                                             entropy_coef=0.01)
+        else:
+            logits = h @ W.T  # (T, V)
+            loss, _ = fused_logits_ppo_loss(logits[None], tgt[None], old[None], adv[None], torch.ones(1, T),
+                                            dual_clip=10.0, entropy_coef=0.01)
+        loss.backward()
+        h.grad = W.grad = None
+        return loss.item()
+
+    return step
+
+
+def linear_worker(args) -> None:
+    """Subprocess: one call of linear_ppo_step (inputs already allocated); prints peak RSS growth, wall and CPU
+    seconds (the CPU time of this process: robust to other jobs on a shared machine), loss."""
+    step = linear_ppo_step(args.linear_worker, *args.linear_shape)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to the current RSS
+    before = rss_bytes("VmRSS")
+    t0, c0 = time.perf_counter(), time.process_time()
+    loss = step()
+    print(json.dumps(dict(s=time.perf_counter() - t0, cpu_s=time.process_time() - c0,
+                          peak=rss_bytes("VmHWM") - before, loss=loss)))
+
+
+def run_fused_linear(args) -> dict:
+    """Both paths at args.linear_shape, each in its own subprocess -> table rows and the issue's ratio."""
+    rows = []
+    for impl in ("unfused", "fused"):
+        cmd = [sys.executable, __file__, "--linear-worker", impl, "--threads", str(args.threads), "--linear-shape",
+               ",".join(map(str, args.linear_shape))]
+        out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.split("\n")[-2])
+        rows.append(dict(case="linear fwd+bwd", impl=impl, s=round(out["s"], 2), cpu_s=round(out["cpu_s"], 2),
+                         peak_extra_MB=round(out["peak"] / 2**20, 1), loss=out["loss"]))
+    unfused, fused = rows
+    print_table(rows, ["case", "impl", "s", "cpu_s", "peak_extra_MB", "loss"])
+    return dict(shapes=dict(zip("THV", args.linear_shape), dtype="fp32"), results=rows,
+                fused_linear_mem_ratio=round(fused["peak_extra_MB"] / unfused["peak_extra_MB"], 4),  # goal <= 1/8
+                fused_linear_time_ratio=round(fused["s"] / unfused["s"], 3),
+                fused_linear_cpu_time_ratio=round(fused["cpu_s"] / unfused["cpu_s"], 3),
+                loss_rel_diff=abs(fused["loss"] - unfused["loss"]) / abs(unfused["loss"]))
 
 
 # ---------------------------------------------------------------- CUDA
@@ -303,7 +365,12 @@ def main() -> None:
                     help="CPU: torch threads (1: reproducible on a shared machine; 0: torch's default)")
     ap.add_argument("--quick", action="store_true", help="CUDA: only T=16384, V=151936, bf16")
     ap.add_argument("--budget-s", type=float, default=330.0, help="CUDA: start no case after this many seconds")
+    ap.add_argument("--only", choices=["logprobs", "fused-linear"],
+                    help="CPU: only token_logprobs vs naive, or only the fused lm_head -> PPO loss case")
+    ap.add_argument("--linear-shape", type=lambda v: tuple(map(int, v.split(","))), default=(4096, 896, 151936),
+                    help="CPU: T,H,V of the fused lm_head case (default issue 13's: Qwen2.5-0.5B's head)")
     ap.add_argument("--memory-worker", choices=["naive", "torch-chunked"], help=argparse.SUPPRESS)
+    ap.add_argument("--linear-worker", choices=["unfused", "fused"], help=argparse.SUPPRESS)
     ap.add_argument("--case", choices=CPU_CASES, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.threads:
@@ -311,7 +378,17 @@ def main() -> None:
     if args.memory_worker:
         args.impl = args.memory_worker
         return cpu_memory_worker(args)
-    result = run_cuda(args) if torch.cuda.is_available() else run_cpu(args)
+    if args.linear_worker:
+        return linear_worker(args)
+    if torch.cuda.is_available():
+        result = run_cuda(args)
+    else:
+        result = dict(device=f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)")
+        if args.only != "fused-linear":
+            result.update(run_cpu(args))
+        if args.only != "logprobs":
+            fl = run_fused_linear(args)
+            result.update(fused_linear_mem_ratio=fl.pop("fused_linear_mem_ratio"), fused_linear=fl)
     print(json.dumps(dict(bench="kernels", versions=versions(), **result)))
 
 

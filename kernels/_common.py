@@ -3,8 +3,10 @@
 `jit` is `triton.jit` where CUDA exists; on a machine without it, Triton's interpreter (what TRITON_INTERPRET=1
 selects), so impl="triton" runs on CPU tensors whatever the import order. Triton decorates its own library
 functions (tl.sum, tl.max) when it is first imported: if that happened without TRITON_INTERPRET=1 (vllm imports
-triton), they cannot run in the interpreter. row_sum / row_max call tl.reduce with the same combine functions,
-which the interpreter maps to numpy either way, and compile to the same code as tl.sum / tl.max.
+triton), they cannot run in the interpreter. row_sum / row_max are tl.reduce with combine functions decorated
+here by `jit`, so they run in the interpreter either way and compile to the same reduction as tl.sum / tl.max.
+The interpreter reduces them element by element in Python (it maps only Triton's own combine functions to
+numpy): the Triton-path kernel tests took 14.2 s instead of 9.2 s on the 2-core CPU development machine.
 """
 import torch
 import triton
@@ -30,12 +32,24 @@ def jit(fn):
 
 
 @jit
+def _add(a, b):
+    """Combine function of row_sum (public tl.reduce with a local combine function)."""
+    return a + b
+
+
+@jit
+def _max(a, b):
+    """Combine function of row_max."""
+    return tl.maximum(a, b)
+
+
+@jit
 def row_sum(x):
     """tl.sum(x, 0) for a 1-D block."""
-    return tl.reduce(x, 0, tl.standard._sum_combine)
+    return tl.reduce(x, 0, _add)
 
 
 @jit
 def row_max(x):
     """tl.max(x, 0) for a 1-D block."""
-    return tl.reduce(x, 0, tl.standard._elementwise_max)
+    return tl.reduce(x, 0, _max)

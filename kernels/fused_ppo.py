@@ -31,12 +31,14 @@ from kernels.token_logprobs import (as_btv, row_grad, row_launch_args, row_lse_e
 
 
 @jit
-def _fused_logits_ppo_kernel(x_ptr, dx_ptr, tgt_ptr, old_ptr, adv_ptr, ref_ptr, w_ptr, logp_ptr, ent_ptr, loss_ptr,
-                             ratio_ptr, clipped_ptr, T, V, stride_b, stride_t, scale2, clip_low, clip_high, dual_clip,
-                             kl_coef, entropy_coef, grad_scale, BLOCK_V: tl.constexpr, HAS_DUAL: tl.constexpr,
-                             HAS_KL: tl.constexpr, HAS_ENT_COEF: tl.constexpr, WRITE_GRAD: tl.constexpr):
+def _fused_logits_ppo_kernel(x_ptr, dx_ptr, tgt_ptr, old_ptr, adv_ptr, ref_ptr, w_ptr, onp_ptr, logp_ptr, ent_ptr,
+                             loss_ptr, ratio_ptr, clipped_ptr, T, V, stride_b, stride_t, scale2, clip_low, clip_high,
+                             dual_clip, kl_coef, entropy_coef, grad_scale, BLOCK_V: tl.constexpr,
+                             HAS_DUAL: tl.constexpr, HAS_KL: tl.constexpr, HAS_ENT_COEF: tl.constexpr,
+                             WRITE_GRAD: tl.constexpr, ON_POLICY: tl.constexpr):
     """Row program: logp, ent, w * (l - entropy_coef * ent), ratio, clipped; if WRITE_GRAD the dlogits row of
-    grad_scale * that loss."""
+    grad_scale * that loss. ON_POLICY: where onp_ptr is nonzero, old = logp (a constant: ratio 1). dx_ptr may be
+    x_ptr (dlogits written over the logits: each block is read before it is written)."""
     row = tl.program_id(0).to(tl.int64)
     x_row = row_ptr(x_ptr, T, stride_b, stride_t)
     w = tl.load(w_ptr + row)
@@ -44,7 +46,10 @@ def _fused_logits_ppo_kernel(x_ptr, dx_ptr, tgt_ptr, old_ptr, adv_ptr, ref_ptr, 
         lse2, ent = row_lse_ent(x_row, V, scale2, BLOCK_V, True)
         tgt = tl.load(tgt_ptr + row)
         logp = row_target_logp(x_row, tgt, scale2, lse2)
-        loss, dloss, ratio, clipped = ppo_token(logp, tl.load(old_ptr + row), tl.load(adv_ptr + row),
+        old = tl.load(old_ptr + row)
+        if ON_POLICY:
+            old = tl.where(tl.load(onp_ptr + row) != 0, logp, old)
+        loss, dloss, ratio, clipped = ppo_token(logp, old, tl.load(adv_ptr + row),
                                                 tl.load(ref_ptr + row), clip_low, clip_high, dual_clip, kl_coef,
                                                 HAS_DUAL, HAS_KL)
         if WRITE_GRAD:
@@ -68,6 +73,19 @@ def _fused_logits_ppo_kernel(x_ptr, dx_ptr, tgt_ptr, old_ptr, adv_ptr, ref_ptr, 
         tl.store(clipped_ptr + row, tl.full([], 0, tl.int8))
 
 
+def hand_over_grads(ctx, g_loss, op: str) -> tuple:
+    """Backward of a loss whose forward computed its input gradients ctx.grads (a tuple, None entries allowed)
+    for the upstream gradient ctx.grad_scale: hands them over once (a second backward raises), rescaled in place
+    by g_loss / grad_scale only if g_loss differs."""
+    grads, ctx.grads = ctx.grads, None
+    if grads is None:
+        raise RuntimeError(f"{op}: backward can run once per forward")
+    if g_loss.ne(ctx.grad_scale).item():
+        s = g_loss / ctx.grad_scale
+        grads = tuple(None if g is None else g.mul_(s.to(g.dtype)) for g in grads)
+    return grads
+
+
 class _FusedLogitsPPOLoss(torch.autograd.Function):
     """Forward computes the loss and dlogits together; backward returns dlogits (times the upstream gradient)."""
 
@@ -83,24 +101,19 @@ class _FusedLogitsPPOLoss(torch.autograd.Function):
                                         clip_low, clip_high, dual_clip, kl_coef)
         logp, ent, tok, ratio = (torch.empty(tgt.shape, device=x.device, dtype=torch.float32) for _ in range(4))
         clipped = torch.empty(tgt.shape, device=x.device, dtype=torch.int8)  # (B, T)
-        _fused_logits_ppo_kernel[(tgt.numel(),)](x, dx, tgt, *ptrs, w.contiguous(), logp, ent, tok, ratio, clipped,
+        w = w.contiguous()
+        _fused_logits_ppo_kernel[(tgt.numel(),)](x, dx, tgt, *ptrs, w, w, logp, ent, tok, ratio, clipped,
                                                  grad_scale=grad_scale, entropy_coef=entropy_coef,
-                                                 HAS_ENT_COEF=entropy_coef != 0.0,
-                                                 WRITE_GRAD=write_grad, **scalars,
-                                                 **row_launch_args(x, temperature))
-        ctx.dx = dx.view(logits.shape) if write_grad else None
+                                                 HAS_ENT_COEF=entropy_coef != 0.0, WRITE_GRAD=write_grad,
+                                                 ON_POLICY=False, **scalars, **row_launch_args(x, temperature))
+        ctx.grads = (dx.view(logits.shape),) if write_grad else None
         ctx.grad_scale = grad_scale
         ctx.mark_non_differentiable(logp, ent, ratio, clipped)
         return tok.sum(), logp, ent, ratio, clipped
 
     @staticmethod
     def backward(ctx, g_loss, *_):
-        dx, ctx.dx = ctx.dx, None  # handed over once: a second backward raises below
-        if dx is None:
-            raise RuntimeError("fused_logits_ppo_loss: backward can run once per forward")
-        if g_loss.ne(ctx.grad_scale).item():
-            dx.mul_((g_loss / ctx.grad_scale).to(dx.dtype))
-        return (dx,) + (None,) * 12
+        return hand_over_grads(ctx, g_loss, "fused_logits_ppo_loss") + (None,) * 12
 
 
 def fused_logits_ppo_loss(logits, targets, old_logp, adv, mask, clip_low=0.2, clip_high=0.28, dual_clip=None,

@@ -26,22 +26,37 @@ AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 STAT_KEYS = ("clip_frac", "approx_kl", "ratio_mean", "ratio_max")
 
 
+def token_weights(seq_lens: torch.Tensor, agg: str, mask=None, n_tokens=None, n_seqs=None) -> torch.Tensor:
+    """Aggregation weights of packed tokens: seq_lens (S,) int64 lengths of the concatenated sequences (sum N),
+    mask (N,) or None (all valid) -> (N,) fp32 w with loss = sum(w * l); with m = mask and n_s = valid tokens of
+    token i's sequence s:
+    token-mean          m / n_tokens            n_tokens default: sum(m)
+    seq-mean-token-mean m / (n_s * n_seqs)      n_seqs default: sequences with a valid token
+    seq-mean-token-sum  m / n_seqs
+    Pass the global (all-rank, all-micro-batch) n_tokens / n_seqs to get the global aggregate's weights."""
+    if agg not in AGGS:
+        raise ValueError(f"agg must be one of {AGGS}, got {agg!r}")
+    N = int(seq_lens.sum()) if mask is None else mask.numel()
+    m = torch.ones(N, device=seq_lens.device) if mask is None else mask.reshape(-1).float()  # (N,)
+    if agg == "token-mean":
+        return m / (m.sum().clamp(min=1) if n_tokens is None else n_tokens)
+    seq = torch.repeat_interleave(torch.arange(len(seq_lens), device=m.device), seq_lens, output_size=N)  # (N,)
+    n_tok = torch.zeros(len(seq_lens), device=m.device).index_add_(0, seq, m)  # (S,) valid tokens a sequence
+    n_seq = (n_tok > 0).sum().clamp(min=1) if n_seqs is None else n_seqs
+    if agg == "seq-mean-token-mean":
+        return m / (n_tok.clamp(min=1)[seq] * n_seq)
+    return m / n_seq
+
+
 def agg_weights(mask: torch.Tensor, agg: str) -> torch.Tensor:
-    """(B, T) fp32 weights w with loss = sum(w * l):
+    """(B, T) fp32 weights w with loss = sum(w * l): token_weights of B rows of T tokens each, so
     token-mean          m / sum(m)
     seq-mean-token-mean m / (|rows with a valid token| * sum_t m)
     seq-mean-token-sum  m / |rows with a valid token|
     """
-    m = mask.float()  # (B, T)
-    if agg == "token-mean":
-        return m / m.sum().clamp(min=1)
-    n_tok = m.sum(-1, keepdim=True)  # (B, 1)
-    n_seq = (n_tok > 0).sum().clamp(min=1)
-    if agg == "seq-mean-token-mean":
-        return m / (n_tok.clamp(min=1) * n_seq)
-    if agg == "seq-mean-token-sum":
-        return m / n_seq
-    raise ValueError(f"agg must be one of {AGGS}, got {agg!r}")
+    B, T = mask.shape
+    lens = torch.full((B,), T, device=mask.device, dtype=torch.long)
+    return token_weights(lens, agg, mask).view(B, T)
 
 
 def ppo_stats(ratio, clipped, logp, old_logp, mask, ent=None) -> dict:
@@ -54,7 +69,7 @@ def ppo_stats(ratio, clipped, logp, old_logp, mask, ent=None) -> dict:
         return torch.where(valid, x.detach().float(), 0.0)
 
     vals = [masked(clipped).sum() / n, masked(old_logp - logp).sum() / n, masked(ratio).sum() / n,
-            masked(ratio).max()]
+            masked(ratio).max() if ratio.numel() else n.new_zeros((), dtype=torch.float32)]  # no token at all
     keys = STAT_KEYS if ent is None else STAT_KEYS + ("entropy",)
     if ent is not None:
         vals.append(masked(ent).sum() / n)

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import jit, use_triton
+from kernels._common import jit, row_sum, use_triton
 
 
 @jit
@@ -83,7 +83,7 @@ def _discounted_scan_kernel(x_ptr, m_ptr, out_ptr, T, gamma, BLOCK_T: tl.constex
         v, g = tl.associative_scan((x, tl.where(inb, gamma, 1.0)), 0, _discount_combine)
         y = v + g * carry  # (BLOCK_T,)
         tl.store(out_ptr + row * T + t, y * m, mask=inb)
-        carry = tl.reduce(tl.where(k == BLOCK_T - 1, y, 0.0), 0, tl.standard._sum_combine)
+        carry = row_sum(tl.where(k == BLOCK_T - 1, y, 0.0))
 
 
 def _discounted_returns_torch(x: torch.Tensor, gamma: float) -> torch.Tensor:

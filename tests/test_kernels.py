@@ -8,6 +8,10 @@ measure the kernels' arithmetic and output rounding only.
 """
 import importlib
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -396,3 +400,25 @@ def test_fused_without_grad_and_second_backward():
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="once"):
         loss.backward()
+
+
+# ---------------------------------------------------------------- import order
+@pytest.mark.skipif(CUDA, reason="with CUDA the kernels compile instead of running in the interpreter")
+def test_interpreter_after_triton_imported_first():
+    """triton imported before kernels/ without TRITON_INTERPRET (as vllm does): every row reduction (row_sum,
+    row_max, the scan carry) still runs in the interpreter. Fails if a kernel calls tl.sum / tl.max, which
+    triton then decorated for compilation."""
+    code = ("import triton, torch\n"
+            "from kernels import discounted_returns, token_logprobs\n"
+            "x = torch.randn(3, 50)\n"
+            "logp, ent = token_logprobs(x, torch.tensor([1, 2, 3]), with_entropy=True, impl='triton')\n"
+            "lsm = torch.log_softmax(x, -1)\n"
+            "assert torch.allclose(logp, lsm[range(3), [1, 2, 3]], atol=1e-5)\n"
+            "assert torch.allclose(ent, -(lsm.exp() * lsm).sum(-1), atol=1e-5)\n"
+            "r = torch.randn(2, 5)\n"
+            "G = discounted_returns(r, torch.ones(2, 5), 1.0, impl='triton')\n"
+            "assert torch.allclose(G, r.flip(1).cumsum(1).flip(1), atol=1e-5)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert res.returncode == 0, res.stderr[-3000:]

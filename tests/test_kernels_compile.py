@@ -27,9 +27,9 @@ def specialisations():
                         g_ent_ptr="*fp32", **ROW), dict(BLOCK_V=4096, WITH_ENT=ent))
             yield ("fused_ppo", "_fused_logits_ppo_kernel",
                    dict(x_ptr=dt, dx_ptr=dt, tgt_ptr="*i64", old_ptr="*fp32", adv_ptr="*fp32", ref_ptr="*fp32",
-                        w_ptr="*fp32", logp_ptr="*fp32", ent_ptr="*fp32", loss_ptr="*fp32", ratio_ptr="*fp32",
-                        clipped_ptr="*i8", **ROW, **PPO, entropy_coef="fp32", grad_scale="fp32"),
-                   dict(BLOCK_V=4096, HAS_DUAL=ent, HAS_KL=ent, HAS_ENT_COEF=ent, WRITE_GRAD=ent))
+                        w_ptr="*fp32", onp_ptr="*i1", logp_ptr="*fp32", ent_ptr="*fp32", loss_ptr="*fp32",
+                        ratio_ptr="*fp32", clipped_ptr="*i8", **ROW, **PPO, entropy_coef="fp32", grad_scale="fp32"),
+                   dict(BLOCK_V=4096, HAS_DUAL=ent, HAS_KL=ent, HAS_ENT_COEF=ent, WRITE_GRAD=ent, ON_POLICY=ent))
     for flag in (True, False):
         yield ("ppo_loss", "_ppo_loss_kernel",
                dict(logp_ptr="*fp32", old_ptr="*fp32", adv_ptr="*fp32", ref_ptr="*fp32", w_ptr="*fp32",
