@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from config import ConfigError
-from kernels import token_logprobs
+from kernels import linear_token_logprobs
 from kernels.packed_attention import PACKED, packed_kwargs
 
 def init_distributed() -> tuple[int, int, torch.device]:
@@ -177,7 +177,7 @@ def response_logprobs(model, rows: list[Row], device, temperature: float) -> lis
     gradients when grad is enabled. An empty `rows` runs DUMMY (FSDP's collectives must match across ranks)."""
     batch = rows or [DUMMY]
     tgt = targets_of(batch, device)
-    logp = packed_forward(model, batch, device, lambda h, w: token_logprobs(F.linear(h, w), tgt, temperature)[0])
+    logp = packed_forward(model, batch, device, lambda h, w: linear_token_logprobs(h, w, tgt, temperature)[0])
     return split_rows(logp, batch) if rows else [logp * 0.0]
 
 

@@ -29,7 +29,6 @@ from typing import Literal
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 import yaml
 
 import config
@@ -37,8 +36,7 @@ import launch
 import report
 from config import ConfigError
 from data.rows import PromptSource, load_rows, tokenize_prompts, tokenize_sft
-from kernels import token_logprobs
-from kernels.ppo_loss import ppo_loss_terms, ppo_stats
+from kernels import fused_linear_ppo_loss
 from model import (DUMMY, Row, all_gather_list, all_max, all_sum, build_model, clip_grad_norm, full_named_tensors,
                    init_distributed, micro_batches, packed_forward, response_logprobs, split_rows, targets_of)
 from rewards.advantages import accuracy_filter, grpo_advantages, rloo_advantages
@@ -456,20 +454,15 @@ def policy_update(run: Run, rows: list[Row]) -> dict:
 
 def ppo_head(cfg: Config, targets, old, adv, w, ref):
     """A packed_forward fn: (h (N, H), weight (V, H)) -> (loss = sum_t w_t (ppo_t - entropy_coef * ent_t), logp (N,)
-    detached, sums of clip/kl/entropy over tokens with w > 0). old is nan where this forward supplies it."""
+    detached, sums over tokens with w > 0 of clip/kl/entropy) through kernels.fused_linear_ppo_loss: no (N, V)
+    logits. old is nan where this forward supplies it (on_policy: ratio 1)."""
     def fn(h, weight):
-        logp, ent = token_logprobs(F.linear(h, weight), targets, cfg.temperature, with_entropy=True)  # (N,) x2
-        old_t = torch.where(torch.isnan(old), logp.detach(), old)  # (N,)
-        loss, ratio, clipped = ppo_loss_terms(logp[None], old_t[None], adv[None], w[None], cfg.clip_low, cfg.clip_high,
-                                              cfg.dual_clip, None if ref is None else ref[None], cfg.kl_coef,
-                                              "seq-mean-token-sum")  # one row: the weights are w exactly
-        loss = loss - cfg.entropy_coef * (w * ent).sum()
-        valid = (w > 0)[None]
-        n = float(valid.sum())
-        s = ppo_stats(ratio, clipped, logp[None], old_t[None], valid, ent[None])
-        stats = {"clip_frac": s["clip_frac"] * n, "approx_kl": s["approx_kl"] * n, "entropy": s["entropy"] * n,
-                 "ratio_max": s["ratio_max"], "tokens": n}
-        return loss, logp.detach(), stats
+        loss, logp, _, s = fused_linear_ppo_loss(h, weight, targets, old, adv, w, cfg.clip_low, cfg.clip_high,
+                                                 cfg.dual_clip, ref, cfg.kl_coef, cfg.temperature, cfg.entropy_coef,
+                                                 on_policy=torch.isnan(old))
+        n = float((w > 0).sum())
+        return loss, logp, {"clip_frac": s["clip_frac"] * n, "approx_kl": s["approx_kl"] * n,
+                            "entropy": s["entropy"] * n, "ratio_max": s["ratio_max"], "tokens": n}
     return fn
 
 
