@@ -1,4 +1,6 @@
-"""The launcher: `python trainer.py --nproc_per_node N [--nnodes M --node_rank R --master_addr A --master_port P]
+"""The run's lifecycle: which run_dir a run may use, resume points, stop signals, and the launcher.
+
+The launcher: `python trainer.py --nproc_per_node N [--nnodes M --node_rank R --master_addr A --master_port P]
 --config ...` checks the config and data once, before any rank starts, then runs torchrun's launcher in this
 process and owns the run's shutdown and exit code:
 
@@ -11,10 +13,98 @@ process and owns the run's shutdown and exit code:
 
 Plain `torchrun ... trainer.py` works too; there, errors exit 1 after torchrun's report.
 """
+import dataclasses
+import json
 import logging
 import os
+import shutil
 import signal
 import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import yaml
+
+from config import ConfigError
+
+
+def read_manifest(path: Path) -> dict:
+    """A checkpoint's manifest.json, checked; a damaged one is a ConfigError naming it."""
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path / 'manifest.json'}: not a readable checkpoint manifest ({e})") from None
+    if not isinstance(manifest, dict) or not {"step", "world", "policy_version"} <= set(manifest):
+        raise ConfigError(f"{path / 'manifest.json'}: not a checkpoint manifest (needs step, world, policy_version)")
+    return manifest
+
+
+def complete_checkpoints(root: Path) -> list[Path]:
+    """Checkpoint folders with a manifest, oldest first (half-written .tmp folders are ignored)."""
+    return sorted(p for p in root.glob("step_*") if not p.name.endswith(".tmp") and (p / "manifest.json").is_file())
+
+
+def resume_point(cfg) -> Path | None:
+    if cfg.resume == "off":
+        return None
+    if cfg.resume != "auto":
+        return Path(cfg.resume)
+    found = complete_checkpoints(Path(cfg.run_dir) / "checkpoints")
+    return found[-1] if found else None
+
+
+def check_run_dir(cfg, world: int) -> None:
+    """Before anything starts: a used run_dir is refused unless resuming (or overwrite: true), and a checkpoint
+    to resume must come from the same number of ranks."""
+    run_dir = Path(cfg.run_dir)
+    ckpt = resume_point(cfg)
+    if ckpt is not None:
+        manifest = read_manifest(ckpt)
+        if manifest["world"] != world:
+            raise ConfigError(f"checkpoint {ckpt} was written by {manifest['world']} ranks; this run has {world} "
+                              f"(resume with the same rank count)")
+    used = [p.name for p in (run_dir / "metrics.jsonl", run_dir / "checkpoints", run_dir / "export") if p.exists()]
+    if cfg.resume == "off" and used and not cfg.overwrite:
+        raise ConfigError(f"run_dir {run_dir} already holds a run ({', '.join(used)}): continue it with "
+                          f"--resume=auto, pick a new --run_dir, or delete it with --overwrite=true")
+
+
+def start_run_dir(cfg, rank: int) -> Path | None:
+    """Rank 0 prepares run_dir (overwrite clears it; a resume drops metric lines after its checkpoint) and writes
+    config.yaml; -> the checkpoint to resume from, if any."""
+    run_dir, ckpt = Path(cfg.run_dir), resume_point(cfg)
+    if rank == 0:
+        if cfg.overwrite and cfg.resume == "off":
+            shutil.rmtree(run_dir, ignore_errors=True)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+        metrics = run_dir / "metrics.jsonl"
+        if metrics.exists():  # lines after the checkpoint's step will be produced again
+            step = read_manifest(ckpt)["step"] if ckpt else 0
+            keep = [line for line in metrics.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+            metrics.write_text("".join(line + "\n" for line in keep))
+    dist.barrier()
+    return ckpt
+
+
+class StopSignal:
+    """SIGTERM / SIGINT set a flag; the loop finishes its step, checkpoints and exits 0."""
+
+    def __init__(self):
+        self.raised = False
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        self.raised = True
+
+    def agreed(self, device) -> bool:
+        """True on every rank once any rank got a signal."""
+        flag = torch.tensor([float(self.raised)], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
 
 LAUNCHER_FLAGS = ("--nproc_per_node", "--nnodes", "--node_rank", "--master_addr", "--master_port")
 
@@ -55,7 +145,6 @@ def _children() -> list[int]:
 
 def run(argv: list[str], preflight) -> int:
     """preflight(trainer_args, world) raises config.ConfigError on anything wrong; -> the process exit code."""
-    from config import ConfigError
     flags, rest = split_args(argv)
     try:
         nproc, nnodes = int(flags.get("nproc_per_node", "")), int(flags.get("nnodes", "1"))

@@ -13,13 +13,11 @@ batch_groups / world groups, so all ranks train on the same number of rows. Pars
 data/rows.py, logs and plots in report.py, the launcher in launch.py.
 """
 import contextlib
-import dataclasses
 import json
 import math
 import os
 import random
 import shutil
-import signal
 import sys
 import time
 import typing
@@ -29,12 +27,12 @@ from typing import Literal
 
 import torch
 import torch.distributed as dist
-import yaml
 
 import config
 import launch
 import report
 from config import ConfigError
+from launch import StopSignal, check_run_dir, complete_checkpoints, read_manifest, start_run_dir
 from data.rows import PromptSource, load_rows, tokenize_prompts, tokenize_sft
 from kernels import fused_linear_ppo_loss
 from model import (DUMMY, Row, all_gather_list, all_max, all_sum, build_model, clip_grad_norm, full_named_tensors,
@@ -625,81 +623,6 @@ def load_checkpoint(run: Run, path: Path) -> int:
     except (OSError, RuntimeError, EOFError, ValueError) as e:
         raise ConfigError(f"checkpoint {path / f'rank{run.rank}.pt'} does not load ({type(e).__name__}: {e})") from None
     return run.load_state_dict(sharded, mine, read_manifest(path))
-
-
-def read_manifest(path: Path) -> dict:
-    """A checkpoint's manifest.json, checked; a damaged one is a ConfigError naming it."""
-    try:
-        manifest = json.loads((path / "manifest.json").read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{path / 'manifest.json'}: not a readable checkpoint manifest ({e})") from None
-    if not isinstance(manifest, dict) or not {"step", "world", "policy_version"} <= set(manifest):
-        raise ConfigError(f"{path / 'manifest.json'}: not a checkpoint manifest (needs step, world, policy_version)")
-    return manifest
-
-
-def complete_checkpoints(root: Path) -> list[Path]:
-    """Checkpoint folders with a manifest, oldest first (half-written .tmp folders are ignored)."""
-    return sorted(p for p in root.glob("step_*") if not p.name.endswith(".tmp") and (p / "manifest.json").is_file())
-
-
-def resume_point(cfg: Config) -> Path | None:
-    if cfg.resume == "off":
-        return None
-    if cfg.resume != "auto":
-        return Path(cfg.resume)
-    found = complete_checkpoints(Path(cfg.run_dir) / "checkpoints")
-    return found[-1] if found else None
-
-
-def check_run_dir(cfg: Config, world: int) -> None:
-    """Before anything starts: a used run_dir is refused unless resuming (or overwrite: true), and a checkpoint
-    to resume must come from the same number of ranks."""
-    run_dir = Path(cfg.run_dir)
-    ckpt = resume_point(cfg)
-    if ckpt is not None:
-        manifest = read_manifest(ckpt)
-        if manifest["world"] != world:
-            raise ConfigError(f"checkpoint {ckpt} was written by {manifest['world']} ranks; this run has {world} "
-                              f"(resume with the same rank count)")
-    used = [p.name for p in (run_dir / "metrics.jsonl", run_dir / "checkpoints", run_dir / "export") if p.exists()]
-    if cfg.resume == "off" and used and not cfg.overwrite:
-        raise ConfigError(f"run_dir {run_dir} already holds a run ({', '.join(used)}): continue it with "
-                          f"--resume=auto, pick a new --run_dir, or delete it with --overwrite=true")
-
-
-def start_run_dir(cfg: Config, rank: int) -> Path | None:
-    """Rank 0 prepares run_dir (overwrite clears it; a resume drops metric lines after its checkpoint) and writes
-    config.yaml; -> the checkpoint to resume from, if any."""
-    run_dir, ckpt = Path(cfg.run_dir), resume_point(cfg)
-    if rank == 0:
-        if cfg.overwrite and cfg.resume == "off":
-            shutil.rmtree(run_dir, ignore_errors=True)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
-        metrics = run_dir / "metrics.jsonl"
-        if metrics.exists():  # lines after the checkpoint's step will be produced again
-            step = read_manifest(ckpt)["step"] if ckpt else 0
-            keep = [line for line in metrics.read_text().splitlines() if line and json.loads(line)["step"] <= step]
-            metrics.write_text("".join(line + "\n" for line in keep))
-    dist.barrier()
-    return ckpt
-
-
-class StopSignal:
-    """SIGTERM / SIGINT set a flag; the loop finishes its step, checkpoints and exits 0."""
-
-    def __init__(self):
-        self.raised = False
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._handle)
-
-    def _handle(self, signum, frame):
-        self.raised = True
-
-    def agreed(self, device) -> bool:
-        """True on every rank once any rank got a signal."""
-        return all_max(int(self.raised), device) > 0
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from helpers import ENV, ROOT, descendants, metrics, rl_args, run, start, trainer_cmd, wait_for
-from trainer import complete_checkpoints
+from launch import complete_checkpoints
 
 
 def stop_with(proc, target: str, sig) -> None:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from helpers import kill_tree, metrics, rl_args, run, start, trainer_cmd, wait_for
-from trainer import complete_checkpoints
+from launch import complete_checkpoints
 
 KILL_AT = 2  # a checkpoint every step; newer ones are deleted after the kill, so the resume starts here
 
