@@ -88,7 +88,7 @@ def build_model(path: str, device, trainable: bool):
     attn = "flash_attention_2" if device.type == "cuda" and importlib.util.find_spec("flash_attn") else PACKED
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attn).to(device)
-    except (OSError, ValueError, KeyError, RuntimeError) as e:  # missing or damaged weights, unknown model type
+    except Exception as e:  # safetensors, transformers and torch each raise their own types for a damaged folder
         raise ConfigError(f"model_path {path}: the model does not load ({type(e).__name__}: {str(e)[:300]})") from None
     if model.lm_head.bias is not None or getattr(model.config, "final_logit_softcapping", None):
         raise ConfigError(f"{path}: the packed loss supports an lm_head without bias or logit softcapping")

@@ -643,6 +643,9 @@ def setup(cfg: Config, trainable: bool = True) -> tuple[Run, Path | None]:
         tok = AutoTokenizer.from_pretrained(cfg.model_path)
     except (OSError, ValueError) as e:
         raise ConfigError(f"model_path {cfg.model_path}: its tokenizer does not load ({type(e).__name__}: {e})") from None
+    if not tok("a 1", add_special_tokens=False)["input_ids"] or tok.eos_token_id is None:
+        raise ConfigError(f"model_path {cfg.model_path}: its tokenizer does not load (it encodes nothing or has no "
+                          f"eos token: tokenizer.json / tokenizer_config.json missing?)")
     run = Run(cfg, rank, world, device, Path(cfg.run_dir), tok, sinks=report.metric_sinks(cfg, Path(cfg.run_dir))
               if rank == 0 else [])
     if trainable:

@@ -63,8 +63,9 @@ def normalize_row(row, where: str, mode: str) -> dict:
         raise ConfigError(f"{where}: 'prompt' must be a non-empty string or a list of {{role, content}} messages")
     if mode == "sft" and not isinstance(row["completion"], str):
         raise ConfigError(f"{where}: 'completion' must be a string")
-    if mode == "rl" and task == "math" and not isinstance(row["answer"], (str, int, float)):
-        raise ConfigError(f"{where}: 'answer' must be a string or a number")
+    problem = TASKS[task][2](row) if mode == "rl" else None
+    if problem:
+        raise ConfigError(f"{where}: {problem}")
     return {**row, "task": task, "data_source": str(row.get("data_source", "default")), "_where": where}
 
 

@@ -1,12 +1,15 @@
 """The reward of each row `task`: one table, read by the data loader (which keys a row must have) and by the
 reward pool (which function scores it). Adding a task is one scoring function plus one line in TASKS.
 
-    keys, score = TASKS[row["task"]]
+    keys, score, check = TASKS[row["task"]]
+    problem = check(row)                       # None, or what is wrong with the data row (data/rows.py says it)
     reward, info = score(row, completion)      # (float, {"reason": str, ...}); never raises on model output
 
-Each scorer imports its reward module when first called: math-verify (sympy) and the sandboxed rewards load only
+Adding a task: a scorer and a check below, one line in TASKS, and a row with `"task": "<name>"` (README, "Adding a
+task"). Each scorer imports its reward module when first called: math-verify (sympy) and the sandboxed rewards load only
 in the processes that score those tasks.
 """
+import ast
 
 
 def score_math(row: dict, completion: str) -> tuple[float, dict]:
@@ -33,11 +36,42 @@ def score_char_share(row: dict, completion: str) -> tuple[float, dict]:
     return sum(c in chars for c in completion) / len(completion), {"reason": "ok"}
 
 
-TASKS = {  # task -> (keys a row of that task must have, scorer)
-    "math": (("answer",), score_math),
-    "code": (("tests",), score_code),
-    "triton": (("reference_code",), score_triton),
-    "char_share": (("chars",), score_char_share),
+def check_math(row: dict) -> str | None:
+    return None if isinstance(row["answer"], (str, int, float)) else "'answer' must be a string or a number"
+
+
+def check_code(row: dict) -> str | None:
+    t = row["tests"]
+    io = isinstance(t, dict) and isinstance(t.get("inputs"), list) and isinstance(t.get("outputs"), list) \
+        and len(t["inputs"]) == len(t["outputs"]) and all(isinstance(x, str) for x in t["inputs"] + t["outputs"])
+    cases = isinstance(t, list) and all(isinstance(x, str) or (isinstance(x, dict) and isinstance(x.get("input"), str)
+                                        and isinstance(x.get("output"), str)) for x in t)
+    if not (io or cases) or not (t["inputs"] if io else t):
+        return "'tests' must be {inputs: [str], outputs: [str]} or a non-empty list of {input, output} or assert strings"
+    return None
+
+
+def check_triton(row: dict) -> str | None:
+    code = row["reference_code"]
+    if not isinstance(code, str):
+        return "'reference_code' must be a string"
+    try:
+        tree = ast.parse(code)
+    except SyntaxError as e:
+        return f"'reference_code' does not parse (its line {e.lineno}: {e.msg})"
+    missing = {"Model", "get_inputs", "get_init_inputs"} - {n.name for n in tree.body if hasattr(n, "name")}
+    return f"'reference_code' does not define {sorted(missing)}" if missing else None
+
+
+def check_char_share(row: dict) -> str | None:
+    return None if isinstance(row["chars"], str) and row["chars"] else "'chars' must be a non-empty string"
+
+
+TASKS = {  # task -> (keys a row of that task must have, scorer, check of a data row)
+    "math": (("answer",), score_math, check_math),
+    "code": (("tests",), score_code, check_code),
+    "triton": (("reference_code",), score_triton, check_triton),
+    "char_share": (("chars",), score_char_share, check_char_share),
 }
 
 
