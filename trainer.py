@@ -521,11 +521,11 @@ def evaluate(run: Run, samples_out: Path | None = None) -> dict:
     rows = run.eval_rows[run.rank::run.world]
     eos = [run.tok.eos_token_id]
     prompts, params = [], []
-    for i, row in enumerate(rows):
+    for i, row in enumerate(rows):  # seeds from the row's index in eval_rows: the same samples at any world size
         prompts += [row["prompt_ids"]] * (k + 1)
         params.append(run.engine.sampling(cfg.max_response_len, 0.0, 1.0, None, eos))
-        params += [run.engine.sampling(cfg.max_response_len, cfg.temperature, cfg.top_p, cfg.seed * 7919 + i * 131 + j,
-                                       eos) for j in range(k)]
+        params += [run.engine.sampling(cfg.max_response_len, cfg.temperature, cfg.top_p,
+                                       cfg.seed * 7919 + (run.rank + i * run.world) * 131 + j, eos) for j in range(k)]
     bar = report.progress(run.rank, len(prompts), "eval")
     texts = [run.tok.decode(toks, skip_special_tokens=True)
              for toks, _ in run.engine.generate(prompts, params, on_finish=bar.update)]
@@ -533,14 +533,6 @@ def evaluate(run: Run, samples_out: Path | None = None) -> dict:
     scores = run.pool.score([(rows[i // (k + 1)], t) for i, t in enumerate(texts)])
     run.engine.sleep()
     sources = sorted({r["data_source"] for r in run.eval_rows})
-    sums = [0.0] * (4 * len(sources))  # per source: greedy correct, sampled correct, pass@k, rows
-    for i, row in enumerate(rows):
-        s = scores[i * (k + 1):(i + 1) * (k + 1)]
-        c = sum(x for x, _ in s[1:])
-        base = 4 * sources.index(row["data_source"])
-        for j, v in enumerate((s[0][0], c, pass_at_k(k, int(c), k), 1)):
-            sums[base + j] += v
-    tot = all_sum(sums, run.device)
     if samples_out is not None:
         mine = [{"id": row.get("id"), "data_source": row["data_source"], "kind": "greedy" if j == 0 else "sample",
                  "completion": texts[i * (k + 1) + j], "score": scores[i * (k + 1) + j][0],
@@ -548,7 +540,25 @@ def evaluate(run: Run, samples_out: Path | None = None) -> dict:
         every = all_gather_list(mine)
         if run.rank == 0:
             samples_out.write_text("".join(json.dumps(r) + "\n" for r in every))
+    return eval_metrics(all_sum(eval_sums(rows, [s for s, _ in scores], k, sources), run.device), sources, k)
 
+
+def eval_sums(rows: list[dict], scores: list[float], k: int, sources: list[str]) -> list[float]:
+    """Per source, 4 sums over rows: greedy score, sampled scores, pass@k (a sample passes when it scores 1), rows.
+    scores: per row, the greedy completion's then its k samples' (k + 1 per row, in row order)."""
+    sums = [0.0] * (4 * len(sources))
+    for i, row in enumerate(rows):
+        s = scores[i * (k + 1):(i + 1) * (k + 1)]
+        passed = sum(x >= 1.0 for x in s[1:])  # a sample passes when it scores 1
+        base = 4 * sources.index(row["data_source"])
+        for j, v in enumerate((s[0], sum(s[1:]), pass_at_k(k, passed, k), 1)):
+            sums[base + j] += v
+    return sums
+
+
+def eval_metrics(tot: list[float], sources: list[str], k: int) -> dict:
+    """eval_sums of every rank -> eval/greedy_acc, eval/mean@k (mean score of the samples), eval/pass@k, overall and
+    eval/<source>/... per data_source when there are several, and eval/rows."""
     def acc(t: list[float], prefix: str) -> dict:
         n = max(t[3], 1)
         return {f"{prefix}greedy_acc": t[0] / n, f"{prefix}mean@{k}": t[1] / (n * k), f"{prefix}pass@{k}": t[2] / n}
