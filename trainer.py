@@ -13,6 +13,7 @@ batch_groups / world groups, so all ranks train on the same number of rows. Pars
 data/rows.py, logs and plots in report.py, the launcher in launch.py.
 """
 import contextlib
+import functools
 import json
 import math
 import os
@@ -35,6 +36,7 @@ from config import ConfigError
 from launch import StopSignal, check_run_dir, complete_checkpoints, read_manifest, start_run_dir
 from data.rows import PromptSource, load_rows, tokenize_prompts, tokenize_sft
 from kernels import fused_linear_ppo_loss
+from kernels.ppo_loss import token_weights
 from model import (DUMMY, Row, all_gather_list, all_max, all_sum, build_model, clip_grad_norm, full_named_tensors,
                    init_distributed, micro_batches, packed_forward, response_logprobs, split_rows, targets_of)
 from rewards.advantages import accuracy_filter, grpo_advantages, rloo_advantages
@@ -182,7 +184,7 @@ class Run:
     fill_old: typing.Callable | None = None  # old log-probs: trainer (upfront or from the update) or rollout
     advantages: typing.Callable | None = None  # GRPO, RLOO or PRIME (a Prime object)
     correct: typing.Callable | None = None  # mismatch correction weights, or None
-    agg: typing.Callable | None = None  # loss_agg as the weight of one token (AGG_WEIGHT)
+    agg: typing.Callable | None = None  # loss_agg's token weights (kernels.ppo_loss.token_weights)
     sft_data: list = field(default_factory=list)  # SFT: (prompt ids, completion ids) pairs
     sft_order: list = field(default_factory=list)  # SFT: row indices not yet drawn this epoch
     sft_gen: torch.Generator = field(default_factory=torch.Generator)  # SFT: epoch shuffles
@@ -406,11 +408,19 @@ def frozen_reference(run: Run, batch: list[Row]) -> list[torch.Tensor]:
     return response_logprobs(run.ref, batch, run.device, run.cfg.temperature)
 
 
-# loss_agg -> the weight of each of a row's tokens from (its kept tokens n_i, kept tokens over all rows and ranks,
-# rows with a kept token over all ranks): loss = sum over tokens of weight * per-token loss (kernels/ppo_loss.py)
-AGG_WEIGHT = {"token-mean": lambda n_i, tokens, seqs: 1.0 / tokens,
-              "seq-mean-token-mean": lambda n_i, tokens, seqs: 1.0 / (n_i * seqs),
-              "seq-mean-token-sum": lambda n_i, tokens, seqs: 1.0 / seqs}
+def loss_weights(run: Run, rows: list[Row]) -> list[torch.Tensor]:
+    """Per row (T_i,) the weight of each token in the loss: loss_agg's aggregation weight over the kept tokens of
+    every rank (kernels.ppo_loss.token_weights with global denominators) times the mismatch-correction weight; a
+    masked token (weight 0) leaves numerator and denominator. Times world: FSDP averages gradients over ranks."""
+    corr = [torch.ones(len(r.response)) if r.weight is None else r.weight for r in rows]  # (T_i,) each
+    if not rows:
+        return []
+    kept = torch.cat(corr) > 0  # (N,)
+    lens = torch.tensor([len(r.response) for r in rows])
+    n_kept = torch.zeros(len(rows)).index_add_(0, torch.repeat_interleave(torch.arange(len(rows)), lens), kept.float())
+    tokens, seqs = all_sum([float(kept.sum()), float((n_kept > 0).sum())], run.device)
+    w = run.agg(lens, mask=kept, n_tokens=max(tokens, 1.0), n_seqs=max(seqs, 1.0)) * torch.cat(corr) * run.world
+    return split_rows(w, rows)
 
 
 def policy_update(run: Run, rows: list[Row]) -> dict:
@@ -419,15 +429,12 @@ def policy_update(run: Run, rows: list[Row]) -> dict:
     denominator. Tokens whose old log-prob is nan take it from this forward (the policy has not changed yet);
     the values computed are written back into row.old_logp. -> loss, clip_frac, approx_kl, entropy, ratio_max,
     grad_norm: means over the step's trained tokens (loss and grad_norm: over mini-batches)."""
-    cfg, agg = run.cfg, run.agg
+    cfg = run.cfg
     sums = dict.fromkeys(("loss", "clip_frac", "approx_kl", "entropy", "tokens", "grad_norm"), 0.0)
     ratio_max, per_mini = 0.0, math.ceil(len(rows) / cfg.mini_batches)
     for m in range(cfg.mini_batches):
         mini = rows[m * per_mini:(m + 1) * per_mini]
-        keep = [torch.ones(len(r.response)) if r.weight is None else r.weight for r in mini]  # (T_i,) each
-        n_kept = [float((k > 0).sum()) for k in keep]
-        tokens, seqs = all_sum([sum(n_kept), sum(n > 0 for n in n_kept)], run.device)
-        w = [k * (agg(n, tokens, seqs) if n else 0.0) * run.world for k, n in zip(keep, n_kept)]  # FSDP averages grads
+        w = loss_weights(run, mini)
         for mb in micro_batches(mini, cfg.token_budget, run.device):
             batch = [mini[i] for i in mb] or [DUMMY]
             cat = (lambda xs: torch.cat(xs).to(run.device)) if mb else (lambda xs: torch.zeros(1, device=run.device))
@@ -746,7 +753,7 @@ def train_rl(cfg: Config) -> None:
     run.fill_old = old_from_rollout if cfg.copris.old_logprob_source == "rollout" else \
         old_upfront if upfront else old_from_update
     run.correct = mismatch.correction(cfg.correction.mode, cfg.correction.low, cfg.correction.threshold)
-    run.agg = AGG_WEIGHT[cfg.loss_agg]
+    run.agg = functools.partial(token_weights, agg=cfg.loss_agg)
     run.engine = start_engine(run)
     run.scheduler = CoprisScheduler(
         n=cfg.n_samples, groups=cfg.batch_groups // run.world, concurrency=cfg.copris.concurrency,

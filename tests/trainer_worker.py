@@ -4,6 +4,7 @@ tests/test_trainer_phases.py. Run: torchrun --nproc_per_node W tests/trainer_wor
 Every check computes its expectation independently (a plain HF forward, a second call on a subset, the same
 batch on another world size) and records both sides; the test compares them and names the row/token that differs.
 """
+import functools
 import json
 import sys
 
@@ -35,7 +36,7 @@ def make_run(model_dir, rank, world, device, **cfg_kw):
     policy = model.build_model(model_dir, device, trainable=True)
     optim, sched = trainer.make_optimizer(cfg, policy, 10)
     return trainer.Run(cfg, rank, world, device, None, None, policy, optim, sched,
-                       agg=trainer.AGG_WEIGHT[cfg.loss_agg])
+                       agg=functools.partial(trainer.token_weights, agg=cfg.loss_agg))
 
 
 def main(model_dir: str, out_path: str) -> None:

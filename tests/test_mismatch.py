@@ -1,0 +1,120 @@
+"""Rollout-training mismatch (rollout/mismatch.py): every correction mode's weights and masks against an fp64
+loop written from the formulas, the loss denominator rule, the metrics; and on the real engine, an injected
+mismatch (engine weights perturbed) is seen by the metrics and acted on, while no injection reads ~0."""
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from rollout import mismatch
+
+ROOT = Path(__file__).resolve().parents[1]
+LOW, C = 0.5, 2.0
+
+
+def reference_weights(mode: str, old: list[float], roll: list[float]) -> list[float]:
+    """The formulas of rollout/mismatch.py's docstring, one token at a time in float64 (0 = masked), on the
+    float32 values the trainer holds."""
+    old, roll = torch.tensor(old).tolist(), torch.tensor(roll).tolist()
+    d = [max(-20.0, min(20.0, o - r)) for o, r in zip(old, roll)]
+    ratio = [math.exp(x) for x in d]
+    rho = math.exp(sum(d) / len(d))
+    if mode == "token_truncate":
+        return [min(x, C) for x in ratio]
+    if mode == "token_mask":
+        return [x if LOW <= x <= C else 0.0 for x in ratio]
+    if mode == "sequence_truncate":
+        return [min(rho, C)] * len(d)
+    return [rho if LOW <= rho <= C else 0.0] * len(d)
+
+
+SEQS = [  # (old, roll): ratios inside, above C, below LOW, just inside and outside the bounds, a long tail, one token
+    ([-1.0, -2.0, -0.5], [-1.1, -1.9, -0.5]),
+    ([-0.1, -3.0, -2.0, -1.0, -1.0], [-1.0, -3.0, -0.2, -1.0 - math.log(1.99), -1.0 - math.log(2.01)]),
+    ([-2.0 + math.log(0.49), -2.0 + math.log(0.51), -1.0], [-2.0, -2.0, -1.0]),
+    ([-5.0] * 20, [-5.9] * 20),
+    ([-0.7], [-0.7 - 40.0]),
+]
+
+
+@pytest.mark.parametrize("mode", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
+def test_correction_weights_match_the_formulas(mode):
+    fn = mismatch.correction(mode, LOW, C)
+    for i, (old, roll) in enumerate(SEQS):
+        got = fn(torch.tensor(old), torch.tensor(roll)).tolist()
+        want = reference_weights(mode, old, roll)
+        for t, (g, w) in enumerate(zip(got, want)):
+            assert abs(g - w) <= 1e-6 * max(1.0, w), f"{mode} sequence {i} token {t}: {g} vs {w}"
+    assert mismatch.correction("none", LOW, C) is None
+
+
+def test_metrics_match_the_formulas():
+    old = [torch.tensor(o) for o, _ in SEQS]
+    roll = [torch.tensor(r) for _, r in SEQS]
+    weights = [mismatch.correction("token_mask", LOW, C)(o, r) for o, r in zip(old, roll)]
+    got = mismatch.metrics(mismatch.token_sums(old, roll, weights), mismatch.sequence_ratios(old, roll), True)
+    f32 = [(torch.tensor(o).tolist(), torch.tensor(r).tolist()) for o, r in SEQS]
+    d = [max(-20.0, min(20.0, a - b)) for o, r in f32 for a, b in zip(o, r)]
+    w = [x for ws in weights for x in ws.tolist()]
+    rho = sorted(math.exp(sum(max(-20.0, min(20.0, a - b)) for a, b in zip(o, r)) / len(o)) for o, r in f32)
+    p99 = rho[-2] + 0.99 * (len(rho) - 1) % 1 * (rho[-1] - rho[-2])  # linear interpolation at q = 0.99
+    want = {"mismatch/kl_k3": sum(math.exp(x) - x - 1 for x in d) / len(d),
+            "mismatch/log_ratio_abs_mean": sum(abs(x) for x in d) / len(d),
+            "mismatch/prob_diff_max": max(abs(math.exp(b) - math.exp(a)) for o, r in f32 for a, b in zip(o, r)),
+            "mismatch/seq_ratio_p99": p99,
+            "correction/masked_token_frac": sum(x == 0 for x in w) / len(w),
+            "correction/weight_mean": sum(w) / len(w)}
+    assert set(got) == set(want)
+    for k in want:
+        assert abs(got[k] - want[k]) <= 1e-6 * max(1.0, abs(want[k])), f"{k}: {got[k]} vs {want[k]}"
+
+
+@pytest.fixture(scope="module")
+def world_of_one():
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29581")
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_masked_tokens_leave_numerator_and_denominator(world_of_one, agg):
+    """loss_weights: a masked token weighs 0 and is not counted; the rest are the aggregation over kept tokens
+    times the correction weight (here: 3 rows, one of them fully masked)."""
+    import functools
+    import trainer
+    from kernels.ppo_loss import token_weights
+    from model import Row
+    run = trainer.Run(trainer.Config(loss_agg=agg), 0, 1, torch.device("cpu"), None, None,
+                      agg=functools.partial(token_weights, agg=agg))
+    rows = [Row([1], [5, 6, 7], weight=torch.tensor([1.5, 0.0, 2.0])), Row([1], [8, 9], weight=torch.zeros(2)),
+            Row([1], [4, 4, 4, 4])]
+    got = [w.tolist() for w in trainer.loss_weights(run, rows)]
+    kept = [[1.5, 0.0, 2.0], [0.0, 0.0], [1.0] * 4]
+    n_tok, n_seq = 2 + 0 + 4, 2  # kept tokens, rows with a kept token
+    per_row = {"token-mean": [1 / n_tok] * 3, "seq-mean-token-mean": [1 / (2 * n_seq), 0.0, 1 / (4 * n_seq)],
+               "seq-mean-token-sum": [1 / n_seq] * 3}[agg]
+    want = [[c * per_row[i] for c in row] for i, row in enumerate(kept)]
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert all(abs(a - b) < 1e-7 for a, b in zip(g, w)), f"{agg} row {i}: {g} vs {w}"
+
+
+def test_injected_mismatch_is_measured_and_corrected(tiny):
+    p = subprocess.run([sys.executable, "tests/mismatch_worker.py", str(tiny / "model")], cwd=ROOT, capture_output=True,
+                       text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+    assert p.returncode == 0 and line, p.stderr[-3000:]
+    out = json.loads(line[0][7:])
+    clean, injected = out["clean"], out["injected"]
+    assert clean["mismatch/kl_k3"] < 1e-9 and clean["mismatch/log_ratio_abs_mean"] < 1e-5, clean  # fp32 on CPU
+    assert clean["mismatch/prob_diff_max"] < 1e-5 and abs(clean["mismatch/seq_ratio_p99"] - 1) < 1e-5, clean
+    assert clean["correction/masked_token_frac"] == 0.0 and abs(clean["correction/weight_mean"] - 1) < 1e-5, clean
+    assert injected["mismatch/kl_k3"] > 1e-3 and injected["mismatch/log_ratio_abs_mean"] > 1e-2, injected
+    assert injected["correction/masked_token_frac"] > 0.01, injected  # token_mask acts on it
+    assert abs(injected["correction/weight_mean"] - 1) > 1e-3, injected
