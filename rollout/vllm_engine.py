@@ -154,13 +154,21 @@ class RolloutEngine:
 
 
 def engine_start_hint(e: Exception, cfg: EngineConfig) -> str:
-    """Turn an engine start failure into a message that says what to change."""
-    msg = f"vLLM engine failed to start for {cfg.model_path}: {type(e).__name__}: {e}"
-    text = str(e).lower()
-    if "head" in text and ("size" in text or "dim" in text):
-        msg += ("\n-> vLLM's CPU attention supports only some head sizes: use head_dim 64 "
-                "(hidden_size / num_attention_heads), or run on a GPU.")
-    if "memory" in text or "kv cache" in text or "oom" in text:
-        msg += ("\n-> lower engine.max_model_len or engine.max_num_seqs, lower engine.gpu_memory_utilization "
-                "(CUDA) or raise VLLM_CPU_KVCACHE_SPACE (CPU, GiB).")
+    """Turn an engine start failure into a message that says what to change (config keys of trainer.py, or the
+    VLLM_CPU_KVCACHE_SPACE environment variable on CPU), in the right direction."""
+    msg = f"vLLM engine failed to start for {cfg.model_path}: {type(e).__name__}: {str(e)[:600]}"
+    text, on_cuda = str(e).lower(), torch.cuda.is_available()
+    if "head" in text and ("size" in text or "dim" in text) and not on_cuda:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+        msg += (f"\n-> vLLM's CPU attention supports head sizes {CPUAttentionBackend.get_supported_head_sizes()} "
+                f"(head_dim = hidden_size / num_attention_heads): pick one of them for the model, or run on a GPU.")
+    elif "max seq len" in text or "larger than the available kv cache" in text or "no available memory for the cache" in text:
+        msg += ("\n-> the KV cache is too small for one request of max_prompt_len + max_response_len tokens: lower "
+                "those, or give the cache more room: " + ("raise engine.gpu_memory_utilization." if on_cuda else
+                f"raise VLLM_CPU_KVCACHE_SPACE (GiB per rank, now {os.environ.get('VLLM_CPU_KVCACHE_SPACE')})."))
+    elif "memory" in text or "oom" in text:
+        msg += ("\n-> not enough memory for the engine: " + (
+            "lower engine.gpu_memory_utilization, engine.max_num_seqs or max_prompt_len + max_response_len." if on_cuda
+            else f"lower VLLM_CPU_KVCACHE_SPACE (GiB of KV cache per rank, now "
+                 f"{os.environ.get('VLLM_CPU_KVCACHE_SPACE')}) or engine.max_num_seqs, or free memory."))
     return msg

@@ -89,3 +89,13 @@ def test_malformed_rows_name_file_and_line(tmp_path):
     f.write_text("")
     with pytest.raises(ConfigError, match="no rows"):
         load_rows(str(f), "rl")
+
+
+@pytest.mark.parametrize("preset", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
+def test_every_preset_parses(preset):
+    """Each shipped preset names only real keys with values of the right type (its paths need not exist here)."""
+    import config
+    cfg = Config()
+    for k, v in config.read_yaml(str(ROOT / "configs" / preset)).items():
+        config._apply(cfg, str(k), v, from_cli=False)
+    assert cfg.copris.concurrency <= cfg.engine.max_num_seqs or not cfg.copris.enabled, preset

@@ -1,6 +1,7 @@
 """End to end with real parts: SFT then 2 RL steps on 2 torchrun ranks (FSDP2 on gloo, one vLLM
-engine per rank, CoPRIS rollout, k3 KL to a frozen FSDP2 reference, dual clip), and the exported HF
-folder loads in transformers and vLLM."""
+engine per rank, CoPRIS rollout, k3 KL to a frozen FSDP2 reference, dual clip); the exported HF folder holds the
+trained weights, loads in transformers, and serves completions through vLLM's OpenAI-compatible server (the
+command the README gives)."""
 import json
 import os
 import subprocess
@@ -58,21 +59,53 @@ def math_ok(r):
     return all(v == v for v in r.values() if isinstance(v, float))  # no NaN
 
 
-def test_export_loads_in_transformers_and_vllm(sft_then_rl, tiny):
+def test_export_holds_the_trained_weights(sft_then_rl):
+    """The export equals the policy the last checkpoint holds (the final step), and differs from the SFT start."""
     import torch
     from safetensors.torch import load_file
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
     from transformers import AutoModelForCausalLM
     out, _ = sft_then_rl
-    exported = out / "rl" / "export"
-    model = AutoModelForCausalLM.from_pretrained(exported)
-    before = load_file(str(out / "sft" / "export" / "model.safetensors"))
-    after = dict(model.named_parameters())
-    assert {k: v.shape for k, v in before.items()} == {k: v.shape for k, v in after.items()}
-    assert all(torch.isfinite(v).all() for v in after.values())  # (test_engine checks an update's effect)
-    code = ("import sys; from rollout.vllm_engine import EngineConfig, RolloutEngine\n"
-            "e = RolloutEngine(EngineConfig(sys.argv[1], max_model_len=128), distributed=False)\n"
-            "toks, lps = e.generate([[5, 6, 7]], [e.sampling(8, 1.0, 1.0, 0, [], ignore_eos=True)])[0]\n"
-            "print('GEN', len(toks), len(lps))\n")
-    p = subprocess.run([sys.executable, "-c", code, str(exported)], cwd=ROOT, env=ENV, capture_output=True,
-                       text=True, timeout=300)
-    assert "GEN 8 8" in p.stdout, p.stderr[-3000:]
+    exported = load_file(str(out / "rl" / "export" / "model.safetensors"))
+    dcp_to_torch_save(out / "rl" / "checkpoints" / "step_000002" / "dcp", out / "final.pt")
+    final = torch.load(out / "final.pt", weights_only=False)["policy"]
+    start = load_file(str(out / "sft" / "export" / "model.safetensors"))
+    assert set(exported) == set(start) and set(exported) <= set(final)
+    for name, t in exported.items():
+        assert torch.equal(t, final[name]), f"{name}: export differs from the last checkpoint"
+    assert any(not torch.equal(t, start[name]) for name, t in exported.items()), "RL changed nothing"
+    model = AutoModelForCausalLM.from_pretrained(out / "rl" / "export")
+    assert all(torch.isfinite(v).all() for v in model.parameters())
+
+
+def test_export_serves_completions_over_the_openai_api(sft_then_rl):
+    import socket
+    import time
+    import urllib.request
+    out, _ = sft_then_rl
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(out / "rl" / "export"),
+           "--max-model-len", "256", "--gpu-memory-utilization", "0.1", "--port", str(port), "--host", "127.0.0.1"]
+    server = subprocess.Popen(cmd, cwd=ROOT, env={**ENV, "VLLM_CPU_KVCACHE_SPACE": "1"}, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while True:
+            assert server.poll() is None, server.stderr.read()[-3000:]
+            assert time.time() < deadline, "the server did not come up in 300 s"
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2)
+                break
+            except OSError:
+                time.sleep(1)
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", method="POST",
+                                     headers={"Content-Type": "application/json"},
+                                     data=json.dumps({"model": str(out / "rl" / "export"), "prompt": "Ann has 3 apples.",
+                                                      "max_tokens": 8, "temperature": 0}).encode())
+        reply = json.loads(urllib.request.urlopen(req, timeout=60).read())
+        assert reply["choices"][0]["finish_reason"] in ("length", "stop") and reply["usage"]["completion_tokens"] >= 1
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=60)

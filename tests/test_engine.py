@@ -81,7 +81,7 @@ def test_weight_push_parity_and_tokenizer(tiny, tmp_path):
 
 
 def test_engine_start_failure_says_what_to_change(tiny, tmp_path):
-    """A model vLLM's CPU attention can't run (head_dim 16) fails at start with a hint, not later."""
+    """A model vLLM's CPU attention can't run (head_dim 16) fails at start with the sizes it supports."""
     import shutil
     from transformers import Qwen2Config, Qwen2ForCausalLM
     for f in ("tokenizer.json", "tokenizer_config.json"):
@@ -89,9 +89,19 @@ def test_engine_start_failure_says_what_to_change(tiny, tmp_path):
     Qwen2ForCausalLM(Qwen2Config(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                  num_attention_heads=2, num_key_value_heads=2,
                                  max_position_embeddings=128)).save_pretrained(tmp_path)
+    p = start_engine_in_subprocess(tmp_path, {})
+    assert p.returncode != 0
+    assert "vLLM engine failed to start" in p.stderr and "supports head sizes [32, 64, 80" in p.stderr, p.stderr[-2000:]
+
+
+def test_kv_cache_bigger_than_memory_says_lower_it(tiny):
+    p = start_engine_in_subprocess(tiny / "model", {"VLLM_CPU_KVCACHE_SPACE": "100000"})
+    assert p.returncode != 0
+    assert "lower VLLM_CPU_KVCACHE_SPACE (GiB of KV cache per rank, now 100000)" in p.stderr, p.stderr[-2000:]
+
+
+def start_engine_in_subprocess(model_dir, env: dict) -> subprocess.CompletedProcess:
     code = ("import sys; from rollout.vllm_engine import EngineConfig, RolloutEngine\n"
             "RolloutEngine(EngineConfig(sys.argv[1], max_model_len=64), distributed=False)\n")
-    p = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
-    assert p.returncode != 0
-    assert "vLLM engine failed to start" in p.stderr and "use head_dim 64" in p.stderr, p.stderr[-2000:]
+    return subprocess.run([sys.executable, "-c", code, str(model_dir)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env={**__import__("os").environ, "PYTHONPATH": str(ROOT), **env})
