@@ -431,7 +431,8 @@ def run_python(script: str, files: dict | None = None, *, timeout_s: float = 60.
         large"); tmp_mb: its /tmp; disk_mb: its scratch dir (a tmpfs under bwrap);
     max_output: bytes kept of stdout and of stderr (more is status output_too_large);
     read_back: names the script may write in its cwd, returned in .files unless left empty; env: extra
-        environment variables; stdin: its input; pass_fds: open fds it inherits (pipes to a peer);
+        environment variables; stdin: its input; pass_fds: open fds it inherits (pipes to a peer), closed
+        here once it has them, so the peer sees EOF when the script ends;
     gpu: expose /dev/nvidia* and /sys, limit the data segment instead of the address space;
     use_bwrap: False forces the fallback without bwrap (tests use it)."""
     t0 = time.monotonic()
@@ -520,6 +521,8 @@ def run_python(script: str, files: dict | None = None, *, timeout_s: float = 60.
         return SandboxResult("sandbox_error", None, None, "", repr(e), time.monotonic() - t0, {},
                              tuple(enforced), tuple(not_enforced))
     finally:
+        for fd in pass_fds:     # the script owns them now: a peer sees EOF once the script is gone
+            os.close(fd)
         remove_tree(outdir)
         if cgroup:
             _rmdir_cgroup(cgroup[1])

@@ -15,7 +15,8 @@ Per case, in this order: torch.manual_seed(init_seed) (the reference's init seed
 ModelNew(*init_inputs), the reference state_dict loaded when names and shapes match, then the inputs are
 decoded (they did not exist in this process before), the RNG reseeded from os.urandom, one forward.
 Audit, over the module body, __init__ and forward alike: the process may start no thread or process once the
-candidate runs (RLIMIT_NPROC 0, and the thread count is checked); Tensor.numpy / tolist / __array__ called
+candidate runs (on CPU RLIMIT_NPROC 0 and the OS thread count is checked; on CUDA, where the driver starts
+threads and Triton runs ptxas, only Python threads are checked); Tensor.numpy / tolist / __array__ called
 from candidate code are violations (numpy compute is invisible to torch); a TorchDispatchMode records, in
 forward, every aten op beyond allocation / views / copies / casts (scalar reads such as .item() included)
 outside Triton launches, and beyond what the interpreter itself needs inside them (a kernel body's torch calls).
@@ -153,7 +154,6 @@ def _error(exc: BaseException) -> tuple:
 
 
 def _run_reference(job: dict) -> dict:
-    sys.path.insert(0, os.getcwd())
     import reference as module
     cases, times = [], []
     for seeds in job["cases"]:
@@ -190,8 +190,10 @@ class _Candidate:
             text = f.read()              # the text the linter read (coding declarations are rejected there)
         _hook_launches(self.audit)
         _guard_bridges(self.audit)
+        cpu = self.job["device"] == "cpu"
         threads = _threads()
-        resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))     # no new thread or process from here on
+        if cpu:     # no new thread or process from here on (on CUDA, the driver and ptxas need them)
+            resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
         try:
             module = self._phase("import", lambda: self._exec(text))
             times = [self._case(module, k, case) for k, case in enumerate(self.data["cases"])]
@@ -200,7 +202,7 @@ class _Candidate:
             return
         finally:
             self.audit.phase = None
-            if _threads() != threads or threading.active_count() != 1:
+            if threading.active_count() != 1 or cpu and _threads() != threads:
                 self.meta["violations"].append("threads: the candidate started a thread")
             self.meta["violations"] += sorted(self.audit.violations)
         self.meta["ms"] = statistics.median(times) if self.job["time"] else None
