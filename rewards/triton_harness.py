@@ -136,17 +136,18 @@ def _time_ms(fn) -> float:
     return statistics.median(times)
 
 
-def _error(exc: BaseException) -> tuple:
-    """(reason, detail) for an exception raised by candidate code: early_exit (SystemExit), compile_error (the
-    Triton compiler, or the interpreter failing inside a kernel, which the compiler would have rejected on a
-    GPU), oom, or runtime_error. Its message is never trusted to be small or cheap."""
-    name = type(exc).__name__
+def _error(exc: BaseException, importing: bool) -> tuple:
+    """(reason, detail) for an exception raised by candidate code: early_exit (SystemExit), compile_error
+    (anything while importing the module, the Triton compiler, or the interpreter failing inside a kernel,
+    which the compiler would have rejected on a GPU), oom, or runtime_error. Formatting the message runs
+    candidate code at worst, in this sandbox and on its time."""
     if isinstance(exc, SystemExit):
         return "early_exit", "SystemExit raised"
-    detail = name
-    if type(exc).__str__ is BaseException.__str__ and len(exc.args) == 1 and type(exc.args[0]) is str:
-        detail = f"{name}: {exc.args[0][:2000]}"
-    if isinstance(exc, (CompilationError, InterpreterError)):
+    try:
+        detail = f"{type(exc).__name__}: {exc}"[:2000]
+    except Exception:        # a message that can't be formatted is no message
+        detail = type(exc).__name__
+    if importing or isinstance(exc, (CompilationError, InterpreterError)):
         return "compile_error", detail
     if isinstance(exc, MemoryError) or "allocate" in detail or "out of memory" in detail:
         return "oom", detail
@@ -194,11 +195,13 @@ class _Candidate:
         threads = _threads()
         if cpu:     # no new thread or process from here on (on CUDA, the driver and ptxas need them)
             resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
+        importing = True
         try:
             module = self._phase("import", lambda: self._exec(text))
+            importing = False
             times = [self._case(module, k, case) for k, case in enumerate(self.data["cases"])]
         except BaseException as e:       # SystemExit included: a candidate failure of any kind is scored
-            self.meta["error"], self.meta["detail"] = _error(e)
+            self.meta["error"], self.meta["detail"] = _error(e, importing)
             return
         finally:
             self.audit.phase = None
