@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from data.triton_tasks import CATEGORIES, build_prompt, load_tasks, task_rows
-from rewards.sandbox import bwrap_problem, running_sandboxes
+from rewards import sandbox
+from rewards.sandbox import OPT_OUT_ENV, bwrap_problem, running_sandboxes
 from rewards.code import extract_code
 from rewards.triton_kernel import execute, lint, triton_reward
 
@@ -336,6 +337,8 @@ def test_at_least_15_adversarial_candidates():
 @pytest.mark.parametrize("cid, task, code, reason", ADVERSARIAL, ids=[c[0] for c in ADVERSARIAL])
 def test_adversarial_scores_zero_with_reason(adversarial_results, cid, task, code, reason):
     score, info = adversarial_results[cid]
+    if bwrap_problem() and info["reason"] == "no_sandbox":
+        pytest.skip(f"passes the linter, runs only with isolation: {bwrap_problem()}")
     assert (score, info["reason"]) == (0.0, reason), info
     runtime_op = {"hard_op_in_torch_operator_runtime": "aten.mul", "dead_branch_launch_torch_operators": "aten.",
                   "python_scalar_compute_in_forward": "aten._local_scalar_dense"}.get(cid)
@@ -503,10 +506,44 @@ def test_linter_allows_torch_in_init_only():
 
 
 def test_reward_never_raises_on_junk():
-    for junk in [None, 3, "", "```python\n" + "(" * 5000 + "\n```", "\x00\x01", "def f(:\n"]:
+    for junk in [None, 3, "", "```python\n" + "(" * 5000 + "\n```", "\x00\x01", "def f(:\n", "x = 1  # \udcff",
+                 "# coding: rot13\nx = 1", "# coding: no-such-codec\nx = 1"]:
         score, info = triton_reward(junk, TASKS["relu"])
-        assert score == 0.0 and info["reason"] in ("no_code", "syntax_error"), (junk, info)
-        assert "time_s" in info
+        assert score == 0.0 and info["reason"] in ("no_code", "syntax_error", "lint_encoding"), (junk, info)
+        assert type(info["reason"]) is str and "time_s" in info
+    score, info = triton_reward(TASKS["relu"]["solution"], {"name": "relu"})      # a task without its reference
+    assert (score, info["reason"], info["detail"]) == (0.0, "reward_error", "KeyError"), info
+
+
+def test_no_isolation_fails_closed(monkeypatch):
+    monkeypatch.setattr(sandbox, "bwrap_problem", lambda: "bwrap not installed (apt-get install bubblewrap)")
+    monkeypatch.delenv(OPT_OUT_ENV, raising=False)
+    score, info = triton_reward(TASKS["relu"]["solution"], TASKS["relu"])
+    assert (score, info["reason"]) == (0.0, "no_sandbox") and "bubblewrap" in info["detail"], info
+    score, info = triton_reward(relu_candidate("return torch.relu(x)"), TASKS["relu"])     # lint needs no sandbox
+    assert (score, info["reason"]) == (0.0, "lint_kernel_not_launched"), info
+
+
+def test_linter_exact_paths():
+    """Allowed names are exact: a module reached through an allowed one is never allowed, whatever follows."""
+    ok = ["tl.math.exp(x)", "tl.extra.libdevice.tanh(x)", "triton.next_power_of_2(n)", "math.sqrt(2.0)",
+          "typing.Optional", "functools.reduce", "torch.cuda.is_available()", "tl.float32"]
+    bad = {"typing.sys": "lint_import", "triton.knobs.os": "lint_import", "triton.runtime.driver": "lint_import",
+           "functools.RLock": "lint_import", "math.floor.mro": "lint_import",
+           "torch.nn.functional.torch.relu": "lint_torch_op", "torch.cuda.os": "lint_torch_op",
+           "torch.Tensor.numpy": "lint_torch_op", "T = torch": "lint_torch_op", "f(tl)": "lint_import"}
+    prelude = "import math\nimport typing\nimport functools\n"
+    for expr in ok:
+        assert lint(relu_candidate(f"y = {expr}\n" + LAUNCH, prelude)) == (None, ""), expr
+    for expr, reason in bad.items():
+        assert lint(relu_candidate(f"{expr}\n" + LAUNCH, prelude))[0] == reason, expr
+    for imp in ["from typing import sys", "from triton import knobs", "from triton.language import core",
+                "import triton.runtime"]:
+        assert lint(relu_candidate(LAUNCH, imp))[0] == "lint_import", imp
+    init = relu_candidate(LAUNCH).replace("super().__init__()", "super().__init__()\n        self.f = {}")
+    assert lint(init.format("torch.nn.Linear(3, 3)")) == (None, "")
+    assert lint(init.format("torch.nn.functional.torch.relu"))[0] == "lint_torch_op"
+    assert lint(init.format("x.numpy"))[0] == "lint_torch_op"          # bridges: not even in __init__
 
 
 # ---- tasks, prompts, export ----
@@ -535,6 +572,7 @@ def test_prompt_and_rows(tmp_path):
     assert extract_code(sft[0]["completion"]) == load_tasks()[0]["solution"].strip()
 
 
+@needs_bwrap
 def test_every_reference_solution_scores_one():
     """Shipped solutions through the full reward (the same path as training), 2 sandboxes at a time: all of
     them with TRITON_ALL_TASKS=1 (about 3.5 s of CPU per task), else the first task of each category."""
@@ -548,6 +586,7 @@ def test_every_reference_solution_scores_one():
     assert all(info["max_abs_err"] < 1e-4 for _, info in results)
 
 
+@needs_bwrap
 def test_wrong_solution_scores_zero():
     """The full check can fail: a solution with a wrong constant."""
     sol = TASKS["gelu"]["solution"].replace("0.7071067811865476", "0.7")
@@ -556,6 +595,7 @@ def test_wrong_solution_scores_zero():
     assert torch.isfinite(torch.tensor(info["max_abs_err"]))
 
 
+@needs_bwrap
 def test_eval_call_and_exec_accuracy(tmp_path):
     from rewards.triton_eval import score_completions, summarize
     rows = [{"name": "relu", "completion": TASKS["relu"]["solution"]},
