@@ -113,16 +113,16 @@ def test_memory_bomb_and_output_flood():
 
 # ---- issue 16: cheats that scored 1.0 when the asserts ran in the candidate's interpreter next to a pass token
 TOKEN_FROM_MAIN = """import __main__, os
-print(getattr(__main__, "token", ""))
+print(getattr(__main__, "token", ""), flush=True)
 os._exit(0)"""
 TOKEN_FROM_FRAMES = """import os, sys
 f = sys._getframe()
 while f is not None and "token" not in f.f_globals:
     f = f.f_back
-print(f.f_globals["token"] if f else "")
+print(f.f_globals["token"] if f else "", flush=True)
 os._exit(0)"""
 TOKEN_FROM_GC = """import gc, os
-print(next((o["token"] for o in gc.get_objects() if type(o) is dict and type(o.get("token")) is str), ""))
+print(next((o["token"] for o in gc.get_objects() if type(o) is dict and type(o.get("token")) is str), ""), flush=True)
 os._exit(0)"""
 EXEC_REPLACED = "import builtins\nbuiltins.exec = lambda *a, **k: None"
 COMPILE_REPLACED = """import builtins
@@ -135,7 +135,7 @@ def add(a, b):
     return TABLE[(a, b)]"""
 ATEXIT_HOOK = """import atexit, os, __main__
 def hook():
-    print(getattr(__main__, "token", ""))
+    print(getattr(__main__, "token", ""), flush=True)
     os._exit(0)
 atexit.register(hook)
 def add(a, b):

@@ -6,6 +6,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -19,6 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 needs_bwrap = pytest.mark.skipif(bwrap_problem() is not None, reason=f"{bwrap_problem()}")
 needs_cgroup = pytest.mark.skipif(_cgroup_parent() is None, reason="no writable memory cgroup here")
 BOTH = [pytest.param(True, marks=needs_bwrap), False]
+# a process that sleeps 300 s with the marker in its argv (GNU sleep would reject the marker and exit at once);
+# pasted into scripts, which define SLEEPER first
+SLEEPER_DEF = f"SLEEPER = [{sys.executable!r}, '-c', 'import time; time.sleep(300)']\n"
 
 
 def _processes_with(marker: str, wait_s: float = 10.0) -> list:
@@ -61,7 +65,7 @@ def test_status_codes(use_bwrap, script, status, signal):
 @pytest.mark.parametrize("use_bwrap", [pytest.param(True, marks=needs_bwrap), False])
 def test_wall_timeout_kills_the_whole_group(use_bwrap):
     marker = f"sbx-timeout-{os.getpid()}-{use_bwrap}"
-    script = (f"import subprocess, time\nsubprocess.Popen(['sleep', '300', '{marker}'])\n"
+    script = SLEEPER_DEF + (f"import subprocess, time\nsubprocess.Popen(SLEEPER + ['{marker}'])\n"
               "while True: pass")
     t0 = time.monotonic()
     res = run_python(script, timeout_s=2, use_bwrap=use_bwrap)
@@ -74,7 +78,7 @@ def test_wall_timeout_kills_the_whole_group(use_bwrap):
 def test_setsid_child_does_not_outlive_the_sandbox():
     """A child in its own session leaves the process group; the pid namespace still takes it down."""
     marker = f"sbx-setsid-{os.getpid()}"
-    script = f"import subprocess\nsubprocess.Popen(['sleep', '300', '{marker}'], start_new_session=True)\n"
+    script = SLEEPER_DEF + f"import subprocess\nsubprocess.Popen(SLEEPER + ['{marker}'], start_new_session=True)\n"
     res = run_python(script, timeout_s=5)
     assert res.status == "ok", res
     assert _processes_with(marker) == []
@@ -254,11 +258,11 @@ def test_daemon_grandchild_does_not_outlive_the_call(use_bwrap):
     if not use_bwrap and _cgroup_parent() is None and os.geteuid() != 0:
         pytest.skip("without bwrap only a cgroup or a fresh uid can find a daemon")
     marker = f"sbx-daemon-{os.getpid()}-{use_bwrap}"
-    script = f"""
+    script = SLEEPER_DEF + f"""
 import os, subprocess
 if os.fork() == 0:
     os.setsid()
-    subprocess.Popen(['sleep', '300', '{marker}'])
+    subprocess.Popen(SLEEPER + ['{marker}'])
     os._exit(0)
 os.wait()
 """

@@ -166,14 +166,14 @@ BOX = []
 
 
 def peek():
-    yield BOX[0].gi_frame.f_back.f_back
+    yield BOX[-1].gi_frame.f_back.f_back
 
 
 class ModelNew(nn.Module):
     def __init__(self):
         super().__init__()
         BOX.append(peek())
-        frame = next(BOX[0])
+        frame = next(BOX[-1])
         self.cache = frame.f_locals["case"]["inputs"][0].clamp(min=0)
 
     def forward(self, x):
@@ -396,6 +396,8 @@ return x""", FORGE), {"wrong_output"}),
     # ---- issue 16: forged verdicts, and result files that broke the reward ----
     ("old_result_error_ok_then_system_exit", relu_candidate(
         LAUNCH, "torch.save({'error': 'ok'}, 'result.pt')\nraise SystemExit(0)"), {"early_exit"}),
+    ("old_result_reason_is_a_list", relu_candidate(
+        LAUNCH, "import os\ntorch.save({'error': ['ok']}, 'result.pt')\nos._exit(0)"), {"early_exit"}),
     ("forged_error_ok", relu_candidate(LAUNCH, FORGE + "forge(dict(META, error='ok'))"), {"crash"}),
     ("forged_error_is_a_list", relu_candidate(LAUNCH, FORGE + "forge(dict(META, error=['ok']))"), {"crash"}),
     ("forged_timing", relu_candidate(LAUNCH, FORGE + "forge(dict(META, error=None, ms=-1.0, n_out=[1] * 3, launches=[1] * 3))"), {"crash"}),
@@ -468,7 +470,7 @@ except OSError:
                                                               "kernel_body_torch_via_global_runtime"])
 def test_execution_alone_contains_hostile_code(exec_only_results, cid):
     (score, info), expected, wall = exec_only_results[cid]
-    assert info["reason"] in expected, info
+    assert type(info["reason"]) is str and info["reason"] in expected, info
     assert score == (1.0 if expected == {"ok"} else 0.0)
     assert wall < 30, wall          # a result file that is expensive to read costs nothing here
     detail = {"numpy_does_the_work": "Tensor.numpy", "kernel_body_torch_via_global_runtime": "kernel body: aten.clamp",
