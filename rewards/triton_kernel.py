@@ -8,26 +8,30 @@ PyTorch reference in the sandbox; else 0.0 with a reason code.
     info: {"reason": str, "detail": str, "time_s": float, "not_enforced": [str], "max_abs_err": float,
            "speedup": float (CUDA only)}
 
-AutoTriton (SFT then GRPO): reward = is_triton(code) AND passes tests. The linter (`lint`) needs an
-`@triton.jit` kernel launched on ModelNew.forward's call path, no torch compute op standing in for it, no
-try/except fallback, no monkey-patching, no imports beyond torch / torch.nn / triton(.language) / math /
-typing / functools, no eval/exec/open/getattr/dunder access (the ways to read the reference or escape the
-rules). Execution (`execute`): the reference runs once per task in its own sandboxed process (cached), which
-saves seeded inputs, its parameters and its outputs; the candidate runs in another sandbox that only gets the
-inputs and parameters, loaded before its code is imported; its outputs and its inputs after the call come
-back to this process, which does the comparison (torch.allclose, atol = rtol = 1e-4 fp32, 1e-2 fp16/bf16,
-exact for integers) and the mutation check, so patching allclose, timers or the harness inside the sandbox
-changes nothing here. Inside the sandbox the harness also records aten ops run by forward outside Triton
-launches (anything beyond allocation / views / copies is torch doing the work) and counts real launches.
-On CPU the kernels run under TRITON_INTERPRET=1; on CUDA on the GPU, with the speedup vs the reference.
+AutoTriton (SFT then GRPO): reward = is_triton(code) AND passes tests. The linter (`lint`) reads exactly the
+text that will run (utf-8, no other coding declaration) and needs an `@triton.jit` kernel launched on
+ModelNew.forward's call path, no torch compute op standing in for it (called or loaded as an attribute), no
+tensor -> numpy / Python bridge, no try/except fallback, no monkey-patching, only exact allowed names of torch
+/ torch.nn / triton(.language) / math / typing / functools (never a module reached through one, never a
+module as a value), no eval/exec/open/getattr/type/dunder or frame access, kernels reading only constexpr
+globals. Execution (`execute`): the reference runs once per task in its own sandboxed process (cached) on
+inputs from seeds drawn per process and never shown to the candidate; the candidate runs in another sandbox
+(rewards/triton_harness.py) that gets the init seed, init inputs and parameters, builds ModelNew, and only
+then decodes the inputs; its outputs, its inputs after the call and its audit come back as a safetensors
+file that this process validates field by field before comparing (torch.allclose, atol = rtol = 1e-4 fp32,
+1e-2 fp16/bf16, exact for integers) and checking mutation, so patching allclose, timers or the harness inside
+the sandbox changes nothing here. The audit (no threads, no numpy bridges, no torch compute in forward
+outside kernels, real launches) runs in the candidate's process: it binds code that passed the linter, which
+cannot reach it. On CPU the kernels run under TRITON_INTERPRET=1; on CUDA on the GPU, with the speedup.
 
 Reason codes, in the order they are checked:
-  no_code, syntax_error; lint_try_except, lint_monkeypatch, lint_forbidden_call, lint_import, lint_no_model,
-  lint_no_kernel, lint_kernel_not_launched, lint_torch_op (static, or at run time: detail starts "runtime");
-  reference_error (the task's own code failed), sandbox_error; timeout, crash (killed by a signal, exited
-  non-zero or wrote a malformed result), early_exit (exited 0 before writing a result, e.g. sys.exit(0));
+  no_code; lint_encoding, syntax_error, lint_try_except, lint_monkeypatch, lint_forbidden_call, lint_import,
+  lint_no_model, lint_no_kernel, lint_kernel_not_launched, lint_torch_op (static, or at run time: detail
+  starts "runtime"); no_sandbox (no bwrap and no opt-out: rewards/sandbox.py); reference_error (the task's
+  own code failed), sandbox_error; timeout, oom (the sandbox's memory cgroup), crash (killed by a signal,
+  exited non-zero or wrote a malformed result), early_exit (exited before writing a result, or SystemExit);
   compile_error (module import or Triton compilation failed), oom, runtime_error; input_mutated,
-  wrong_output; ok.
+  wrong_output; ok; reward_error (a failure of the reward itself: it never raises).
 """
 
 import ast
