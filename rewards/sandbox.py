@@ -387,11 +387,12 @@ def remove_tree(path: str) -> None:
         while True:
             if todo is None:
                 todo = []
-                for entry in os.scandir(cur):
-                    if entry.is_dir(follow_symlinks=False):
-                        todo.append(entry.name)
-                    else:
-                        os.unlink(entry.name, dir_fd=cur)
+                with os.scandir(cur) as entries:
+                    for entry in entries:
+                        if entry.is_dir(follow_symlinks=False):
+                            todo.append(entry.name)
+                        else:
+                            os.unlink(entry.name, dir_fd=cur)
             if todo:
                 name = todo.pop()
                 os.chmod(name, 0o700, dir_fd=cur)      # a plain dir (not a link): nothing runs here any more
@@ -517,7 +518,7 @@ def run_python(script: str, files: dict | None = None, *, timeout_s: float = 60.
                 if (data := _read_regular(os.path.join(host, name), fsize_mb << 20))}
         return SandboxResult(status, rc, sig, stdout, stderr, time.monotonic() - t0, read,
                              tuple(enforced), tuple(not_enforced))
-    except OSError as e:
+    except (OSError, subprocess.SubprocessError) as e:     # SubprocessError: joining the cgroup failed
         return SandboxResult("sandbox_error", None, None, "", repr(e), time.monotonic() - t0, {},
                              tuple(enforced), tuple(not_enforced))
     finally:
