@@ -249,11 +249,22 @@ def _cgroup_parent() -> tuple | None:
             os.mkdir(probe)
             _write(probe, "memory.max" if version == 2 else "memory.limit_in_bytes", str(1 << 30))
             os.rmdir(probe)
+            _remove_stale_cgroups(parent)
             return version, parent
         except OSError:
             _rmdir_cgroup(probe)
             continue
     return None
+
+
+def _remove_stale_cgroups(parent: str) -> None:
+    """rmdir the sandbox cgroups of processes that died mid-run (a reward worker killed on its timeout: bwrap
+    and the sandbox die with it, the empty cgroup stays)."""
+    for name in os.listdir(parent):
+        parts = name.split("-")
+        if name.startswith("rl-sandbox-") and len(parts) == 4 and parts[2].isdigit() and \
+                not os.path.exists(f"/proc/{parts[2]}"):
+            _rmdir_cgroup(os.path.join(parent, name))
 
 
 def _write(cg: str, name: str, value: str) -> None:

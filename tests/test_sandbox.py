@@ -357,3 +357,13 @@ def test_private_tmp_is_mounted_before_the_binds():
     assert [argv[i + 1] for i in tmpfs] == ["/tmp", "/scratch"] and binds and min(binds) > max(tmpfs)
     assert argv[argv.index("/tmp/some-scratch/out.bin") - 1:][:3] == ["--bind", "/tmp/some-scratch/out.bin",
                                                                     "/scratch/out.bin"]
+
+
+@needs_cgroup
+def test_stale_sandbox_cgroups_are_removed():
+    """A reward worker killed mid-run leaves an empty cgroup named after its pid: the next probe removes it."""
+    parent = _cgroup_parent()[1]
+    stale = os.path.join(parent, "rl-sandbox-999999999-0123456789ab")    # no such pid (above pid_max)
+    os.mkdir(stale)
+    _cgroup_parent.cache_clear()
+    assert _cgroup_parent()[1] == parent and not os.path.exists(stale)
