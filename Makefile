@@ -5,9 +5,22 @@ DEMO    := runs/demo
 export VLLM_LOGGING_LEVEL ?= ERROR
 export PYTHONWARNINGS ?= ignore
 
-.PHONY: install demo test bench clean
+.PHONY: install sandbox demo test bench clean
 
-install: .venv/.installed
+install: .venv/.installed sandbox
+
+# bubblewrap: the reward sandbox's isolation (rewards/sandbox.py). Without it the code and Triton rewards score 0
+# (reason no_sandbox) and the trainer stops at start unless sandbox_opt_out is set. apt-get as root or with
+# passwordless sudo; otherwise this says what to install.
+sandbox:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then SUDO=; \
+	  elif command -v apt-get >/dev/null 2>&1 && sudo -n true 2>/dev/null; then SUDO=sudo; \
+	  else echo "make install: bubblewrap (bwrap) is missing and can't be installed from here: install the" \
+	    "package bubblewrap (Debian/Ubuntu: sudo apt-get install bubblewrap); until then code and Triton" \
+	    "rewards score 0 (reason no_sandbox)" >&2; exit 0; fi; \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; }
 
 # GPU stack when a CUDA GPU is visible, else the pinned CPU stack. Idempotent: re-runs only when
 # a requirements file changes.

@@ -1,58 +1,81 @@
 """The side of the Triton reward that runs inside the sandbox; rewards/triton_kernel.py ships this file into
-the scratch dir and runs `import triton_harness; triton_harness.main()`. Imports only stdlib, torch, triton.
+the scratch dir and runs `import triton_harness; triton_harness.main()`. Imports only stdlib, torch, triton,
+safetensors. Nothing here decides the score: the parent validates every field and compares the outputs.
 
-job.json: {"role": "reference" | "candidate", "seeds": [int], "device": "cpu" | "cuda", "time": bool}
-reference role: reads reference.py, writes ref.pt   = {"cases": [case], "ms": float | None}
-    case = {"seed", "init_inputs": list, "inputs": list, "state": state_dict of Model, "outputs": [tensor]}
-candidate role: reads inputs.pt = {"cases": [case without "outputs"]} BEFORE importing candidate.py, writes
-    result.pt = {"outputs": [[tensor]], "inputs_after": [list], "launches": [per forward call, rounded down],
-                 "torch_ops": [str], "ms": float | None}  or  {"error": reason, "detail": str}
+job.json: {"role": "reference" | "candidate", "device": "cpu" | "cuda", "time": bool,
+           "cases": [{"input_seed": int, "init_seed": int}]}  (the seeds: reference role only)
+reference role: reads reference.py, writes ref.pt = {"cases": [case], "ms": float | None}
+    case = {"init_inputs": list, "inputs": list, "state": state_dict of Model, "outputs": [tensor]}
+candidate role: stdin = torch.save({"cases": [{"init_seed", "init_inputs", "state"}], "inputs": [uint8 tensor:
+    torch.save(inputs of that case)]}), read and closed before candidate.py runs; writes result.bin, a
+    safetensors file: tensors "out.<case>.<i>" (outputs) and "after.<case>.<i>" (tensor inputs after the
+    call), metadata {"meta": JSON {"error": reason | null, "detail": str, "n_out": [int], "launches": [int],
+    "violations": [str], "ms": float | null}}, then ends with os._exit (no atexit hook or finalizer runs).
+Per case, in this order: torch.manual_seed(init_seed) (the reference's init seed, never its input seed),
+ModelNew(*init_inputs), the reference state_dict loaded when names and shapes match, then the inputs are
+decoded (they did not exist in this process before), the RNG reseeded from os.urandom, one forward.
+Audit, over the module body, __init__ and forward alike: the process may start no thread or process once the
+candidate runs (on CPU RLIMIT_NPROC 0 and the OS thread count is checked; on CUDA, where the driver starts
+threads and Triton runs ptxas, only Python threads are checked); Tensor.numpy / tolist / __array__ called
+from candidate code are violations (numpy compute is invisible to torch); a TorchDispatchMode records, in
+forward, every aten op beyond allocation / views / copies / casts (scalar reads such as .item() included)
+outside Triton launches, and beyond what the interpreter itself needs inside them (a kernel body's torch calls).
 On CUDA the timed calls (3 warm-up + 20) run under the same audit and launch count as the checked call.
-The parent (triton_kernel.py) compares; nothing here decides the score, so a candidate that tampers with this
-process can at most forge its own outputs, which it still has to get right without ever seeing the reference.
 """
 
-import importlib
+import io
 import json
+import os
+import resource
 import statistics
+import sys
+import threading
+import types
 
 import torch
+from safetensors.torch import save as save_tensors
 from triton.compiler.errors import CompilationError
 from triton.runtime.errors import InterpreterError
 from torch.utils._python_dispatch import TorchDispatchMode
 
-# aten ops a forward may run: allocation, views, copies, casts (also all the interpreter itself runs to move
-# kernel arguments to numpy and back, and all the autotuner's benchmarking runs). Anything else (add, mm, relu,
-# sum, ...) means torch computed part of the answer, wherever it was called from (forward, a hook, a kernel
-# body under the interpreter).
-_ALLOWED_ATEN = frozenset("""
+# aten ops forward may run outside kernel launches: allocation, views, copies, casts. Anything else (add, mm,
+# relu, sum, reading a scalar out with .item() / float() / if, ...) means torch or Python did part of the work.
+_FORWARD_ATEN = frozenset("""
 empty empty_like empty_strided new_empty new_empty_strided zeros zeros_like new_zeros ones ones_like new_ones
 full full_like new_full fill_ zero_ arange copy_ clone contiguous _to_copy to detach alias view _unsafe_view
 reshape _reshape_alias as_strided t transpose permute expand unsqueeze squeeze flatten slice select split unbind
-narrow set_ lift_fresh _local_scalar_dense resolve_conj resolve_neg is_same_size
+narrow resolve_conj resolve_neg is_same_size
 """.split())
+# inside a launch also what the interpreter runs to move kernel arguments to numpy and back (and the
+# autotuner's benchmarking); torch compute a kernel body calls through a global is still recorded
+_LAUNCH_ATEN = _FORWARD_ATEN | {"set_", "lift_fresh", "_local_scalar_dense"}
+_BRIDGES = ("numpy", "tolist", "__array__")      # tensor -> Python/numpy data: compute the audit can't see
 _TIME_WARMUP, _TIME_ITERS = 3, 20
+_CANDIDATE = os.path.abspath("candidate.py")
 
 
 class _Audit(TorchDispatchMode):
-    """Records the aten ops outside _ALLOWED_ATEN run while active, and counts kernel launches."""
+    """Records violations (aten ops outside the allow-list of where they ran, bridge calls, new threads) while
+    `phase` is set, and counts kernel launches."""
 
     def __init__(self):
         super().__init__()
-        self.ops, self.launches = set(), 0
+        self.violations, self.launches, self.depth, self.phase = set(), 0, 0, None
 
     @classmethod
     def _should_skip_dynamo(cls):
         return False      # torch's default wraps __torch_dispatch__ in dynamo.disable: a 1.7 s import, no use here
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.overloadpacket.__name__ not in _ALLOWED_ATEN:
-            self.ops.add(str(func))
+        if self.phase == "forward" and \
+                func.overloadpacket.__name__ not in (_LAUNCH_ATEN if self.depth else _FORWARD_ATEN):
+            self.violations.add(f"{'kernel body' if self.depth else 'forward'}: {func}")
         return func(*args, **(kwargs or {}))
 
 
 def _hook_launches(audit: _Audit) -> None:
-    """Count real kernel launches (jit on GPU, interpreter on CPU; autotuners end in one of these)."""
+    """Count real kernel launches (jit on GPU, interpreter on CPU; autotuners end in one of these) and mark the
+    time inside them."""
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
@@ -61,19 +84,37 @@ def _hook_launches(audit: _Audit) -> None:
 
         def counted_run(self, *args, **kwargs):
             audit.launches += not kwargs.get("warmup", False)
-            return run(self, *args, **kwargs)
+            audit.depth += 1
+            try:
+                return run(self, *args, **kwargs)
+            finally:
+                audit.depth -= 1
         cls.run = counted_run
 
     wrap(JITFunction)
     wrap(InterpretedFunction)
 
 
+def _guard_bridges(audit: _Audit) -> None:
+    """Tensor -> numpy / Python list conversions made by candidate code are violations (checked by the calling
+    frame's file, so triton's and torch's own calls pass)."""
+    for name in _BRIDGES:
+        original = getattr(torch.Tensor, name)
+
+        def guarded(self, *args, _name=name, _original=original, **kwargs):
+            if audit.phase and sys._getframe(1).f_code.co_filename == _CANDIDATE:
+                audit.violations.add(f"{audit.phase}: Tensor.{_name}() (numpy / Python compute)")
+            return _original(self, *args, **kwargs)
+        setattr(torch.Tensor, name, guarded)
+
+
 def _outputs(out) -> list:
-    """Model output (tensor or tuple/list of tensors) as a list of detached CPU copies; raises TypeError else."""
+    """Model output (tensor or tuple/list of tensors) as a list of detached contiguous CPU copies; raises
+    TypeError else."""
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
-    if not all(isinstance(o, torch.Tensor) for o in outs):
+    if not all(type(o) is torch.Tensor for o in outs):
         raise TypeError(f"forward returned {type(out).__name__}, not tensors")
-    return [o.detach().to("cpu", copy=True) for o in outs]
+    return [o.detach().to("cpu", copy=True).contiguous() for o in outs]
 
 
 def _to(device, values) -> list:
@@ -95,24 +136,31 @@ def _time_ms(fn) -> float:
     return statistics.median(times)
 
 
-def _error(exc: BaseException) -> dict:
-    """Reason for an exception raised by candidate code: compile_error (the Triton compiler, or the interpreter
-    failing inside a kernel, which the compiler would have rejected on a GPU), oom, or runtime_error."""
-    detail = f"{type(exc).__name__}: {exc}"[:2000]
-    if isinstance(exc, (CompilationError, InterpreterError)):
-        return {"error": "compile_error", "detail": detail}
-    if isinstance(exc, MemoryError) or "allocate" in str(exc) or "out of memory" in str(exc):
-        return {"error": "oom", "detail": detail}
-    return {"error": "runtime_error", "detail": detail}
+def _error(exc: BaseException, importing: bool) -> tuple:
+    """(reason, detail) for an exception raised by candidate code: early_exit (SystemExit), compile_error
+    (anything while importing the module, the Triton compiler, or the interpreter failing inside a kernel,
+    which the compiler would have rejected on a GPU), oom, or runtime_error. Formatting the message runs
+    candidate code at worst, in this sandbox and on its time."""
+    if isinstance(exc, SystemExit):
+        return "early_exit", "SystemExit raised"
+    try:
+        detail = f"{type(exc).__name__}: {exc}"[:2000]
+    except Exception:        # a message that can't be formatted is no message
+        detail = type(exc).__name__
+    if importing or isinstance(exc, (CompilationError, InterpreterError)):
+        return "compile_error", detail
+    if isinstance(exc, MemoryError) or "allocate" in detail or "out of memory" in detail:
+        return "oom", detail
+    return "runtime_error", detail
 
 
 def _run_reference(job: dict) -> dict:
-    module = importlib.import_module("reference")
+    import reference as module
     cases, times = [], []
-    for seed in job["seeds"]:
-        torch.manual_seed(seed)
+    for seeds in job["cases"]:
+        torch.manual_seed(seeds["input_seed"])
         inputs, init_inputs = module.get_inputs(), module.get_init_inputs()
-        torch.manual_seed(seed)
+        torch.manual_seed(seeds["init_seed"])
         model = module.Model(*init_inputs)
         state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         model = model.to(job["device"])
@@ -121,43 +169,85 @@ def _run_reference(job: dict) -> dict:
             outputs = _outputs(model(*args))
             if job["time"]:
                 times.append(_time_ms(lambda: model(*args)))
-        cases.append({"seed": seed, "init_inputs": init_inputs, "inputs": inputs, "state": state,
-                      "outputs": outputs})
+        cases.append({"init_inputs": init_inputs, "inputs": inputs, "state": state, "outputs": outputs})
     return {"cases": cases, "ms": statistics.median(times) if times else None}
 
 
-def _run_candidate(job: dict) -> dict:
-    data = torch.load("inputs.pt", weights_only=True)      # before any candidate code runs
-    audit = _Audit()
-    _hook_launches(audit)
-    try:
-        module = importlib.import_module("candidate")
-    except Exception as e:      # anything the candidate's module body raises is its own failure
-        return {"error": "compile_error", "detail": f"{type(e).__name__}: {e}"[:2000]}
-    result = {"outputs": [], "inputs_after": [], "launches": [], "torch_ops": [], "ms": None}
-    times = []
-    for case in data["cases"]:
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+class _Candidate:
+    """One candidate run: the module, then each case; fills tensors and meta for result.bin."""
+
+    def __init__(self, job: dict, data: dict):
+        self.job, self.data = job, data
+        self.audit = _Audit()
+        self.tensors = {}
+        self.meta = {"error": None, "detail": "", "n_out": [], "launches": [], "violations": [], "ms": None}
+
+    def run(self) -> None:
+        with open(_CANDIDATE, encoding="utf-8") as f:
+            text = f.read()              # the text the linter read (coding declarations are rejected there)
+        _hook_launches(self.audit)
+        _guard_bridges(self.audit)
+        cpu = self.job["device"] == "cpu"
+        threads = _threads()
+        if cpu:     # no new thread or process from here on (on CUDA, the driver and ptxas need them)
+            resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
+        importing = True
         try:
-            torch.manual_seed(case["seed"])
-            model = module.ModelNew(*case["init_inputs"])
-            own = model.state_dict()
-            if own.keys() == case["state"].keys() and all(own[k].shape == v.shape for k, v in case["state"].items()):
-                model.load_state_dict(case["state"])       # same parameters as the reference Model
-            model = model.to(job["device"])
-            args = _to(job["device"], case["inputs"])
-            before = audit.launches
-            with torch.no_grad(), audit:      # the timed calls too: each must launch and none may compute in torch
-                result["outputs"].append(_outputs(model(*args)))
-                if job["time"]:
-                    times.append(_time_ms(lambda: model(*args)))
-            calls = 1 + (_TIME_WARMUP + _TIME_ITERS if job["time"] else 0)
-            result["launches"].append((audit.launches - before) // calls)     # launches per call, rounded down
-            result["inputs_after"].append(_to("cpu", args))
-        except Exception as e:      # a candidate failure of any kind is scored, never propagated
-            return _error(e)
-    result["torch_ops"] = sorted(audit.ops)
-    result["ms"] = statistics.median(times) if times else None
-    return result
+            module = self._phase("import", lambda: self._exec(text))
+            importing = False
+            times = [self._case(module, k, case) for k, case in enumerate(self.data["cases"])]
+        except BaseException as e:       # SystemExit included: a candidate failure of any kind is scored
+            self.meta["error"], self.meta["detail"] = _error(e, importing)
+            return
+        finally:
+            self.audit.phase = None
+            if threading.active_count() != 1 or cpu and _threads() != threads:
+                self.meta["violations"].append("threads: the candidate started a thread")
+            self.meta["violations"] += sorted(self.audit.violations)
+        self.meta["ms"] = statistics.median(times) if self.job["time"] else None
+
+    def _phase(self, name, fn):
+        self.audit.phase = name
+        with self.audit:
+            out = fn()
+        self.audit.phase = None
+        return out
+
+    @staticmethod
+    def _exec(text: str):
+        module = types.ModuleType("candidate")
+        module.__file__ = _CANDIDATE
+        sys.modules["candidate"] = module
+        exec(compile(text, _CANDIDATE, "exec"), module.__dict__)
+        return module
+
+    def _case(self, module, k: int, case: dict):
+        device = self.job["device"]
+        torch.manual_seed(case["init_seed"])
+        model = self._phase("init", lambda: module.ModelNew(*case["init_inputs"]))
+        own = model.state_dict()
+        if own.keys() == case["state"].keys() and all(own[n].shape == v.shape for n, v in case["state"].items()):
+            model.load_state_dict(case["state"])           # same parameters as the reference Model
+        model = model.to(device)
+        args = _to(device, torch.load(io.BytesIO(self.data["inputs"][k].numpy().tobytes()), weights_only=True))
+        torch.manual_seed(int.from_bytes(os.urandom(7), "little"))
+        before = self.audit.launches
+        with torch.no_grad():     # the timed calls too: each must launch and none may compute in torch
+            outs = _outputs(self._phase("forward", lambda: model(*args)))
+            ms = self._phase("forward", lambda: _time_ms(lambda: model(*args))) if self.job["time"] else None
+        calls = 1 + (_TIME_WARMUP + _TIME_ITERS if self.job["time"] else 0)
+        self.meta["launches"].append((self.audit.launches - before) // calls)     # per call, rounded down
+        self.meta["n_out"].append(len(outs))
+        for i, o in enumerate(outs):
+            self.tensors[f"out.{k}.{i}"] = o
+        for i, a in enumerate(_to("cpu", args)):
+            if isinstance(a, torch.Tensor):
+                self.tensors[f"after.{k}.{i}"] = a.contiguous()
+        return ms
 
 
 def main() -> None:
@@ -165,5 +255,14 @@ def main() -> None:
         job = json.load(f)
     if job["role"] == "reference":
         torch.save(_run_reference(job), "ref.pt")
-    else:
-        torch.save(_run_candidate(job), "result.pt")
+        return
+    data = torch.load(io.BytesIO(sys.stdin.buffer.read()), weights_only=True)
+    os.close(0)                          # the inputs now exist only in this process, not as a file
+    cand = _Candidate(job, data)
+    cand.run()
+    if cand.meta["error"]:
+        cand.tensors = {}
+    blob = save_tensors(cand.tensors, metadata={"meta": json.dumps(cand.meta)})
+    with open("result.bin", "wb") as f:
+        f.write(blob)
+    os._exit(0)

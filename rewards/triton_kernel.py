@@ -8,41 +8,55 @@ PyTorch reference in the sandbox; else 0.0 with a reason code.
     info: {"reason": str, "detail": str, "time_s": float, "not_enforced": [str], "max_abs_err": float,
            "speedup": float (CUDA only)}
 
-AutoTriton (SFT then GRPO): reward = is_triton(code) AND passes tests. The linter (`lint`) needs an
-`@triton.jit` kernel launched on ModelNew.forward's call path, no torch compute op standing in for it, no
-try/except fallback, no monkey-patching, no imports beyond torch / torch.nn / triton(.language) / math /
-typing / functools, no eval/exec/open/getattr/dunder access (the ways to read the reference or escape the
-rules). Execution (`execute`): the reference runs once per task in its own sandboxed process (cached), which
-saves seeded inputs, its parameters and its outputs; the candidate runs in another sandbox that only gets the
-inputs and parameters, loaded before its code is imported; its outputs and its inputs after the call come
-back to this process, which does the comparison (torch.allclose, atol = rtol = 1e-4 fp32, 1e-2 fp16/bf16,
-exact for integers) and the mutation check, so patching allclose, timers or the harness inside the sandbox
-changes nothing here. Inside the sandbox the harness also records aten ops run by forward outside Triton
-launches (anything beyond allocation / views / copies is torch doing the work) and counts real launches.
-On CPU the kernels run under TRITON_INTERPRET=1; on CUDA on the GPU, with the speedup vs the reference.
+AutoTriton (SFT then GRPO): reward = is_triton(code) AND passes tests. The linter (`lint`) reads exactly the
+text that will run (utf-8, no other coding declaration) and needs an `@triton.jit` kernel launched on
+ModelNew.forward's call path, no torch compute op standing in for it (called or loaded as an attribute), no
+tensor -> numpy / Python bridge, no try/except fallback, no monkey-patching, only exact allowed names of torch
+/ torch.nn / triton(.language) / math / typing / functools (never a module reached through one, never a
+module as a value), no eval/exec/open/getattr/type/dunder or frame access, kernels reading only constexpr
+globals. Execution (`execute`): the reference runs once per task in its own sandboxed process (cached) on
+inputs from seeds drawn per process and never shown to the candidate; the candidate runs in another sandbox
+(rewards/triton_harness.py) that gets the init seed, init inputs and parameters, builds ModelNew, and only
+then decodes the inputs; its outputs, its inputs after the call and its audit come back as a safetensors
+file that this process validates field by field before comparing (torch.allclose, atol = rtol = 1e-4 fp32,
+1e-2 fp16/bf16, exact for integers) and checking mutation, so patching allclose, timers or the harness inside
+the sandbox changes nothing here. The audit (no threads, no numpy bridges, no torch compute in forward
+outside kernels, real launches) runs in the candidate's process: it binds code that passed the linter, which
+cannot reach it. On CPU the kernels run under TRITON_INTERPRET=1; on CUDA on the GPU, with the speedup.
 
 Reason codes, in the order they are checked:
-  no_code, syntax_error; lint_try_except, lint_monkeypatch, lint_forbidden_call, lint_import, lint_no_model,
-  lint_no_kernel, lint_kernel_not_launched, lint_torch_op (static, or at run time: detail starts "runtime");
-  reference_error (the task's own code failed), sandbox_error; timeout, crash (killed by a signal, exited
-  non-zero or wrote a malformed result), early_exit (exited 0 before writing a result, e.g. sys.exit(0));
+  no_code; lint_encoding, syntax_error, lint_try_except, lint_monkeypatch, lint_forbidden_call, lint_import,
+  lint_no_model, lint_no_kernel, lint_kernel_not_launched, lint_torch_op (static, or at run time: detail
+  starts "runtime"); no_sandbox (no bwrap and no opt-out: rewards/sandbox.py); reference_error (the task's
+  own code failed), sandbox_error; timeout, oom (the sandbox's memory cgroup), crash (killed by a signal,
+  exited non-zero or wrote a malformed result), early_exit (exited before writing a result, or SystemExit);
   compile_error (module import or Triton compilation failed), oom, runtime_error; input_mutated,
-  wrong_output; ok.
+  wrong_output; ok; reward_error (a failure of the reward itself: it never raises).
 """
 
 import ast
 import builtins
+import codecs
+import functools
+import importlib
 import io
 import json
+import math
 import os
+import secrets
 import threading
 import time
+import tokenize
+import types
 from collections import OrderedDict
 
 from rewards.code import extract_code
-from rewards.sandbox import run_python
+from rewards.sandbox import refusal, run_python
 
-SEEDS = (1, 2, 3)
+# (input seed, init seed) per case: drawn per process, never shown to the candidate, so neither its module
+# body nor __init__ can regenerate the inputs; the init seed alone is shared (it reproduces the reference's
+# parameters when ModelNew builds them in the same order)
+SEEDS = tuple((secrets.randbits(31), secrets.randbits(31)) for _ in range(3))
 REFERENCE_TIMEOUT_S = 120      # the task's own code: trusted to finish, run once per task and process
 _HARNESS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "triton_harness.py")
 _SCRIPT = "import triton_harness; triton_harness.main()"
@@ -50,10 +64,21 @@ _REF_CACHE_SIZE = 256
 _ref_cache: "OrderedDict[tuple, dict]" = OrderedDict()   # (reference_code, device) -> parsed ref.pt
 _ref_lock = threading.Lock()                              # triton_eval scores from threads
 
-_ALLOWED_MODULES = ("torch", "torch.nn", "triton", "triton.language", "math", "typing", "functools",
+_ALLOWED_MODULES = ("torch", "torch.nn", "triton", "triton.language", "triton.language.math",
+                    "triton.language.extra", "triton.language.extra.libdevice", "math", "typing", "functools",
                     "__future__")
+# modules whose public names (their __all__, else dir(); never a module) are allowed as exact paths
+_API_MODULES = ("triton.language", "triton.language.math", "triton.language.extra.libdevice", "math", "typing",
+                "functools")
+_TRITON_TOP = ("jit", "autotune", "Config", "heuristics", "cdiv", "next_power_of_2")
 _FORBIDDEN_NAMES = frozenset("eval exec compile open __import__ getattr setattr delattr globals locals vars "
-                             "breakpoint input exit quit memoryview help".split())
+                             "breakpoint input exit quit memoryview help type".split())
+# introspection attributes (frames, code objects, generator and traceback internals) reach the harness's
+# variables without a dunder; `handle` is the interpreter's numpy array behind a Triton value
+_FORBIDDEN_ATTRS = frozenset("""
+gi_frame gi_code gi_yieldfrom cr_frame cr_code cr_await ag_frame ag_code ag_await f_back f_globals f_locals
+f_builtins f_code f_trace tb_frame tb_next co_code co_consts co_names func_globals handle
+""".split())
 _ALLOWED_DUNDERS = frozenset(("__init__", "__name__"))
 # torch names code outside ModelNew.__init__ may use: allocation, dtypes, devices, types; the rest is compute.
 _TORCH_OK = frozenset("torch." + n for n in """
@@ -67,9 +92,18 @@ int16 int32 int64 long uint8 bool
 _TORCH_INIT_OK = _TORCH_OK | frozenset("torch." + n for n in """
 randn rand randint randn_like rand_like randint_like tensor as_tensor manual_seed
 """.split())
-_TORCH_INIT_PREFIXES = ("torch.nn.",)
+# torch.nn names __init__ may use to build parameters (exact: torch.nn.functional.* and anything reached
+# through a module attribute, like torch.nn.functional.torch, are not in the list)
+_TORCH_INIT_OK |= frozenset("torch.nn." + n for n in """
+Linear Bilinear Conv1d Conv2d Conv3d ConvTranspose1d ConvTranspose2d ConvTranspose3d Embedding EmbeddingBag
+LayerNorm GroupNorm RMSNorm BatchNorm1d BatchNorm2d BatchNorm3d InstanceNorm1d InstanceNorm2d InstanceNorm3d
+Dropout Identity Sequential ModuleList ModuleDict ParameterList ParameterDict Buffer MultiheadAttention PReLU
+init.uniform_ init.normal_ init.constant_ init.ones_ init.zeros_ init.eye_ init.xavier_uniform_
+init.xavier_normal_ init.kaiming_uniform_ init.kaiming_normal_ init.trunc_normal_ init.orthogonal_
+init.calculate_gain init._calculate_fan_in_and_fan_out
+""".split())
 # method names that compute on a tensor (also with a trailing "_": add_ is add; apply_ only with it, as
-# autograd.Function.apply is fine)
+# autograd.Function.apply is fine); loading one as an attribute counts as much as calling it (f = x.exp)
 _COMPUTE_METHODS = frozenset("""
 abs absolute neg negative add sub subtract mul multiply div divide true_divide floor_divide remainder fmod pow
 reciprocal sqrt rsqrt exp exp2 expm1 log log2 log10 log1p sin cos tan tanh sinh cosh asin acos atan atan2
@@ -81,11 +115,39 @@ masked_fill masked_scatter argmax argmin topk sort argsort kthvalue median mode 
 layer_norm rms_norm group_norm batch_norm linear bilinear conv1d conv2d conv3d floor ceil round trunc frac eq ne
 lt le gt ge logical_and logical_or logical_not logical_xor bitwise_and bitwise_or bitwise_xor bitwise_not
 scatter scatter_add scatter_reduce index_add index_select index_put gather take put cross kron tensordot
-numpy tolist apply_ map_ map2_ renorm dist cdist histc bincount unique nan_to_num
+apply_ map_ map2_ renorm dist cdist histc bincount unique nan_to_num item
 """.split())
-_LINT_ORDER = ("lint_try_except", "lint_monkeypatch", "lint_forbidden_call", "lint_import", "lint_no_model",
-               "lint_no_kernel", "lint_kernel_not_launched", "lint_torch_op")
+# tensor -> numpy / Python data or raw memory: forbidden everywhere, __init__ and kernels included
+_BRIDGE_METHODS = frozenset("numpy tolist untyped_storage storage _typed_storage".split())
+_LINT_ORDER = ("lint_encoding", "lint_try_except", "lint_monkeypatch", "lint_forbidden_call", "lint_import",
+               "lint_no_model", "lint_no_kernel", "lint_kernel_not_launched", "lint_torch_op")
 _TOLERANCE = {"float16": 1e-2, "bfloat16": 1e-2}   # atol = rtol by output dtype; other floats 1e-4
+
+
+@functools.cache
+def _api_names() -> frozenset:
+    """Exact dotted names of triton, triton.language (.math, .extra.libdevice), math, typing and functools that
+    code may use: their public non-module names. A module reached as an attribute (typing.sys, triton.knobs)
+    is never one of them."""
+    names = {f"triton.{n}" for n in _TRITON_TOP}
+    for mod in _API_MODULES:
+        module = importlib.import_module(mod)
+        for n in getattr(module, "__all__", None) or dir(module):
+            value = getattr(module, n, None)
+            if n.startswith("_") or isinstance(value, types.ModuleType) or \
+                    mod.startswith("triton") and not (getattr(value, "__module__", None) or "triton").startswith("triton"):
+                continue
+            names.add(f"{mod}.{n}")
+    return frozenset(names)
+
+
+@functools.cache
+def _allowed_paths(strict: bool) -> tuple:
+    """(exact names, their proper prefixes) allowed in strict code (outside ModelNew.__init__ and kernels) or in
+    the rest."""
+    exact = _api_names() | (_TORCH_OK if strict else _TORCH_INIT_OK)
+    prefixes = {name.rsplit(".", k)[0] for name in exact for k in range(1, name.count(".") + 1)}
+    return exact, frozenset(prefixes)
 
 
 def _dotted(node) -> str | None:
@@ -106,6 +168,7 @@ class _Linter(ast.NodeVisitor):
         self.problems = []
         self.aliases = {}          # local name -> dotted module path or torch/triton object, from imports
         self.scopes = []           # stack of local-name sets of the enclosing functions
+        self.parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
         for node in ast.walk(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 self._import(node)
@@ -133,13 +196,17 @@ class _Linter(ast.NodeVisitor):
                      for a in node.names]
         else:
             pairs = [(node.module or "", a.asname or a.name, f"{node.module}.{a.name}") for a in node.names]
+        exact = _allowed_paths(False)[0]
         for module, local, target in pairs:
             if local == "*":
                 self.flag("lint_import", node, f"from {module} import *")
             elif module.startswith("torch") and module not in _ALLOWED_MODULES:
                 self.flag("lint_torch_op", node, f"imports {module}")
-            elif not (module in _ALLOWED_MODULES or module.startswith("triton.language.")):
+            elif module not in _ALLOWED_MODULES:
                 self.flag("lint_import", node, f"imports {module}")
+            elif not (target in _ALLOWED_MODULES or target in exact or module == "__future__"):
+                self.flag("lint_torch_op" if target.startswith("torch") else "lint_import", node,
+                          f"imports {target} (not an allowed name)")
             self.aliases[local] = target
 
     def visit_Try(self, node):
@@ -155,7 +222,7 @@ class _Linter(ast.NodeVisitor):
             self.flag("lint_forbidden_call", node, f"uses {node.id}")
 
     def visit_Attribute(self, node):
-        if node.attr.startswith("__") and node.attr not in _ALLOWED_DUNDERS:
+        if node.attr.startswith("__") and node.attr not in _ALLOWED_DUNDERS or node.attr in _FORBIDDEN_ATTRS:
             self.flag("lint_forbidden_call", node, f"uses .{node.attr}")
         if isinstance(node.ctx, (ast.Store, ast.Del)):
             self._check_store(node)
@@ -181,10 +248,7 @@ class _Linter(ast.NodeVisitor):
     def visit_FunctionDef(self, node):
         if getattr(node, "name", "").startswith("__") and node.name not in _ALLOWED_DUNDERS:
             self.flag("lint_forbidden_call", node, f"defines {node.name} (only __init__ may be defined)")
-        args = node.args
-        names = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg] if a}
-        names |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-        self.scopes.append(names)
+        self.scopes.append(_local_names(node))
         self.generic_visit(node)
         self.scopes.pop()
 
@@ -199,6 +263,8 @@ class _Linter(ast.NodeVisitor):
         classes = {n.name: {m.name: m for m in n.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))}
                    for n in tree.body if isinstance(n, ast.ClassDef)}
         kernels = {name for name, fn in funcs.items() if self._is_jit(fn)}
+        for name in kernels:
+            self._kernel_globals(funcs[name], tree, kernels)
         model = classes.get("ModelNew", {})
         if "forward" not in model:
             self.flag("lint_no_model", tree, "no class ModelNew with a forward method")
@@ -218,6 +284,24 @@ class _Linter(ast.NodeVisitor):
         submodules = {f"self.{s}" for s in self._submodules(model.get("__init__"))}
         for node in ast.walk(tree):
             self._torch_ops(node, submodules, strict=id(node) not in exempt)
+
+    def _kernel_globals(self, kernel, tree: ast.Module, kernels: set) -> None:
+        """A kernel body may read only its own names, imports, other kernels and `X = tl.constexpr(...)`
+        globals: what the GPU compiler accepts. Anything else (a dict of tensors, a helper function) only works
+        under the interpreter, where it runs as plain Python."""
+        constexpr, module_names = set(), set()
+        for node in tree.body:
+            for target in _assigned(node):
+                module_names.add(target)
+                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
+                        self.resolve(node.value.func) == "triton.language.constexpr":
+                    constexpr.add(target)
+        local = _local_names(kernel)
+        for node in ast.walk(kernel):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in module_names and \
+                    node.id not in local | kernels | constexpr | set(self.aliases):
+                self.flag("lint_forbidden_call", node, f"kernel {kernel.name} reads global {node.id} (only "
+                          "tl.constexpr globals and other kernels compile on a GPU)")
 
     def _reachable(self, funcs, classes, kernels) -> dict:
         """{(class or None, name): function node} for every method of ModelNew and everything they reach by
@@ -250,15 +334,18 @@ class _Linter(ast.NodeVisitor):
         return found
 
     def _torch_ops(self, node, submodules: set, strict: bool) -> None:
-        """Flag torch compute at one node. strict (everywhere but ModelNew.__init__ and kernel bodies): only
-        _TORCH_OK names, no `@`, no compute methods, no calls of torch submodules (self.linear(x)); else only
-        the names of _TORCH_INIT_OK."""
+        """Flag, at one node: an imported name outside the exact allow-list (strict: everywhere but
+        ModelNew.__init__ and kernel bodies, where only allocation / dtype / device names of torch are allowed;
+        a module used as a value is never allowed); tensor -> numpy / Python bridges; and in strict code `@`,
+        compute methods (called or only loaded) and calls of torch submodules (self.linear(x))."""
         if isinstance(node, (ast.Attribute, ast.Name)) and isinstance(node.ctx, ast.Load):
-            target = self.resolve(node) or ""
-            allowed = _TORCH_OK if strict else _TORCH_INIT_OK
-            if target.startswith("torch") and not (target in allowed or any(a.startswith(target + ".") for a in allowed)
-                                                   or not strict and target.startswith(_TORCH_INIT_PREFIXES)):
-                self.flag("lint_torch_op", node, f"uses {target}")
+            self._check_path(node, strict)
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) and self.resolve(node.value) is None:
+            if node.attr in _BRIDGE_METHODS:
+                self.flag("lint_torch_op", node, f"tensor method .{node.attr} (numpy / Python compute)")
+            elif strict and (node.attr in _COMPUTE_METHODS or node.attr.rstrip("_") in _COMPUTE_METHODS) and \
+                    _dotted(node) not in submodules:          # self.linear.weight is a parameter, not a call
+                self.flag("lint_torch_op", node, f"tensor method .{node.attr}")
         if not strict:
             return
         if isinstance(node, (ast.BinOp, ast.AugAssign)) and isinstance(node.op, ast.MatMult):
@@ -267,17 +354,61 @@ class _Linter(ast.NodeVisitor):
             func, receiver = node.func, node.func.value
             if _dotted(receiver) in submodules or _dotted(func) in submodules:
                 self.flag("lint_torch_op", node, f"calls torch module {ast.unparse(func)}")
-            elif (func.attr in _COMPUTE_METHODS or func.attr.rstrip("_") in _COMPUTE_METHODS) and \
-                    self.resolve(receiver) is None:
-                self.flag("lint_torch_op", node, f"tensor method .{func.attr}()")
+
+    def _check_path(self, node, strict: bool) -> None:
+        """An imported name's full path (tl.load -> triton.language.load) must be an allowed exact name; a part
+        of a longer chain may also be a prefix of one (torch.cuda in torch.cuda.is_available)."""
+        path = self.resolve(node)
+        if path is None:
+            return
+        parent = self.parents.get(node)
+        exact, prefixes = _allowed_paths(strict)
+        inner = isinstance(parent, ast.Attribute) and parent.value is node
+        if path in exact or inner and (path in prefixes or path in _ALLOWED_MODULES):
+            return
+        what = f"uses {path}" + ("" if inner or "." in path and path not in _ALLOWED_MODULES else " as a value")
+        self.flag("lint_torch_op" if path.split(".")[0] == "torch" else "lint_import", node, what)
+
+
+def _local_names(fn) -> set:
+    """Parameters of fn and every name it assigns."""
+    args = fn.args
+    names = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg] if a}
+    return names | {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+
+
+def _assigned(stmt) -> list:
+    """Names a module-level statement binds (assignments, defs, classes, loops, with, imports excluded)."""
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [stmt.name]
+    if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+        return []
+    return [n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
+
+
+def _encoding_problem(code: str) -> str | None:
+    """Why the bytes the sandbox writes would not decode back to exactly this text, else None: a coding
+    declaration other than utf-8 (Python, and Triton reading kernel source, would run another program than
+    the one linted) or characters utf-8 cannot encode (lone surrogates)."""
+    try:
+        data = code.encode("utf-8")
+        encoding = tokenize.detect_encoding(io.BytesIO(data).readline)[0]
+    except (UnicodeEncodeError, SyntaxError) as e:
+        return f"{type(e).__name__}: {str(e)[:200]}"
+    if codecs.lookup(encoding).name not in ("utf-8", "utf-8-sig"):
+        return f"coding declaration {encoding!r}: only utf-8 source is run"
+    return None
 
 
 def lint(code: str) -> tuple:
     """(None, "") when the code passes the rule-based check, else (reason, detail)."""
+    problem = _encoding_problem(code)
+    if problem:
+        return "lint_encoding", problem
     try:
         problems = dict(reversed(_Linter(ast.parse(code)).problems))      # first problem of each reason wins
     except (SyntaxError, ValueError, RecursionError, MemoryError) as e:   # ValueError: NUL bytes; the others:
-        return "syntax_error", f"{type(e).__name__}: {e}"                 # absurdly deep nesting
+        return "syntax_error", f"{type(e).__name__}: {str(e)[:500]}"      # absurdly deep nesting
     for reason in _LINT_ORDER:
         if reason in problems:
             return reason, problems[reason]
@@ -289,111 +420,193 @@ def _device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _sandbox(files: dict, role: str, device: str, timeout_s: float, out: str):
-    """Run the harness in `role` with `files` in its scratch dir. Returns (SandboxResult, parsed `out` or None)."""
-    import torch
+def _sandbox(files: dict, job: dict, timeout_s: float, out: str, stdin: bytes = b""):
+    """Run the harness for `job` with `files` in its scratch dir. Returns (SandboxResult, bytes of `out` or None)."""
     with open(_HARNESS_PATH) as f:
         harness = f.read()
-    job = {"role": role, "seeds": list(SEEDS), "device": device, "time": device == "cuda"}
+    device = job["device"]
     env = {"TRITON_INTERPRET": "1"} if device == "cpu" else \
         {k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES",) if k in os.environ}
-    res = run_python(_SCRIPT, {**files, "triton_harness.py": harness, "job.json": json.dumps(job)},
+    res = run_python(_SCRIPT, {**files, "triton_harness.py": harness, "job.json": json.dumps(job)}, stdin=stdin,
                      timeout_s=timeout_s, env=env, gpu=device == "cuda", read_back=(out,))
-    if out not in res.files:
-        return res, None
-    try:
-        return res, torch.load(io.BytesIO(res.files[out]), weights_only=True)
-    except Exception:           # a malformed file from untrusted code fails in many ways; it scores as a crash
-        return res, None
+    return res, res.files.get(out)
 
 
 def _reference(reference_code: str, device: str) -> tuple:
-    """(parsed ref.pt, None) for the task's reference, cached per (code, device); (None, why) on failure."""
+    """(reference entry, None) for the task's reference, cached per (code, device); (None, why) on failure.
+    entry: {"cases": ref.pt cases, "ms": float | None, "stdin": the candidate's stdin (inputs, init inputs,
+    parameters, init seeds)}."""
+    import torch
     key = (reference_code, device)
     with _ref_lock:
         if key in _ref_cache:
             _ref_cache.move_to_end(key)
             return _ref_cache[key], None
-    res, ref = _sandbox({"reference.py": reference_code}, "reference", device, REFERENCE_TIMEOUT_S, "ref.pt")
+    job = {"role": "reference", "device": device, "time": device == "cuda",
+           "cases": [{"input_seed": i, "init_seed": s} for i, s in SEEDS]}
+    res, blob = _sandbox({"reference.py": reference_code}, job, REFERENCE_TIMEOUT_S, "ref.pt")
+    try:
+        ref = torch.load(io.BytesIO(blob), weights_only=True) if blob else None   # the task's own code: trusted
+    except Exception as e:       # a reference that saved something unloadable is the task's bug
+        return None, f"unreadable ref.pt: {type(e).__name__}"
     if ref is None:
         return None, f"{res.status}: {res.stderr[-1000:]}"
+    stdin = io.BytesIO()
+    torch.save({"cases": [{"init_seed": s, "init_inputs": c["init_inputs"], "state": c["state"]}
+                          for (_, s), c in zip(SEEDS, ref["cases"])],
+                "inputs": [_as_bytes_tensor(c["inputs"]) for c in ref["cases"]]}, stdin)
+    entry = {"cases": ref["cases"], "ms": ref["ms"], "stdin": stdin.getvalue()}
     with _ref_lock:
-        _ref_cache[key] = ref
+        _ref_cache[key] = entry
         if len(_ref_cache) > _REF_CACHE_SIZE:
             _ref_cache.popitem(last=False)
-    return ref, None
+    return entry, None
+
+
+def _as_bytes_tensor(value):
+    """torch.save(value) as a uint8 tensor: the harness decodes it only after building the model."""
+    import torch
+    blob = io.BytesIO()
+    torch.save(value, blob)
+    return torch.frombuffer(bytearray(blob.getvalue()), dtype=torch.uint8)
+
+
+_HARNESS_ERRORS = frozenset({"compile_error", "oom", "runtime_error", "early_exit"})
+_META_KEYS = frozenset({"error", "detail", "n_out", "launches", "violations", "ms"})
+_MAX_HEADER = 1 << 20          # bytes of safetensors header (tensor index + metadata) accepted
+
+
+class Malformed(ValueError):
+    """A result file that is not what the harness writes: forged, truncated or from a crashed run."""
+
+
+def _int_list(value, n: int, name: str) -> list:
+    if not (type(value) is list and len(value) == n and all(type(v) is int and 0 <= v < 1 << 31 for v in value)):
+        raise Malformed(f"{name} is not a list of {n} small ints")
+    return value
+
+
+def _parse_result(blob: bytes, cases: list) -> dict:
+    """The candidate's result.bin, validated field by field (type, allowed values, size) and with exactly the
+    tensors the cases call for: {"error", "detail", "launches", "violations", "ms", "outputs": [[tensor]],
+    "after": [{input index: tensor}]}. Raises Malformed. Nothing is unpickled and nothing is str()-ed."""
+    from safetensors.torch import load as load_tensors
+    if len(blob) < 8 or int.from_bytes(blob[:8], "little") > min(_MAX_HEADER, len(blob) - 8):
+        raise Malformed("no safetensors header")
+    try:
+        header = json.loads(blob[8:8 + int.from_bytes(blob[:8], "little")])
+        meta = json.loads(header["__metadata__"]["meta"])
+    except (ValueError, TypeError, KeyError, RecursionError) as e:
+        raise Malformed(f"header: {type(e).__name__}") from None
+    if type(meta) is not dict or set(meta) != _META_KEYS:
+        raise Malformed("meta fields")
+    error, detail = meta["error"], meta["detail"]
+    if not (error is None or type(error) is str and error in _HARNESS_ERRORS) or type(detail) is not str:
+        raise Malformed("error is not one of the harness's failure reasons")
+    if error is not None:
+        return {"error": error, "detail": detail[:2000]}
+    n = len(cases)
+    n_out, launches = _int_list(meta["n_out"], n, "n_out"), _int_list(meta["launches"], n, "launches")
+    violations, ms = meta["violations"], meta["ms"]
+    if not (type(violations) is list and len(violations) <= 256 and
+            all(type(v) is str and len(v) <= 300 for v in violations)):
+        raise Malformed("violations")
+    if not (ms is None or type(ms) is float and math.isfinite(ms) and 0 < ms < 1e7):
+        raise Malformed("ms")
+    expected = {f"out.{k}.{i}" for k in range(n) for i in range(n_out[k])} | \
+        {f"after.{k}.{i}" for k, c in enumerate(cases) for i, x in enumerate(c["inputs"]) if _is_tensor(x)}
+    try:
+        tensors = load_tensors(blob)
+    except Exception as e:      # the library's own checks of offsets, dtypes and sizes
+        raise Malformed(f"tensors: {type(e).__name__}") from None
+    if set(tensors) != expected:
+        raise Malformed("tensor names")
+    return {"error": None, "detail": "", "launches": launches, "violations": violations, "ms": ms,
+            "outputs": [[tensors[f"out.{k}.{i}"] for i in range(n_out[k])] for k in range(n)],
+            "after": [{i: tensors[f"after.{k}.{i}"] for i, x in enumerate(c["inputs"]) if _is_tensor(x)}
+                      for k, c in enumerate(cases)]}
+
+
+def _is_tensor(x) -> bool:
+    import torch
+    return isinstance(x, torch.Tensor)
 
 
 def _compare(cases: list, result: dict) -> tuple:
-    """(reason, detail, max_abs_err) for a candidate's result.pt against the reference cases."""
+    """(reason, detail, max_abs_err) for a validated result against the reference cases."""
     import torch
-    if "error" in result:
-        return result["error"], str(result.get("detail", "")), None
-    if result["torch_ops"]:
-        return "lint_torch_op", f"runtime: forward ran torch ops {result['torch_ops'][:5]}", None
-    if len(result["outputs"]) != len(cases) or min(result["launches"], default=0) < 1:
+    if result["error"]:
+        return result["error"], result["detail"], None
+    if result["violations"]:
+        return "lint_torch_op", f"runtime: {result['violations'][:5]}", None
+    if min(result["launches"]) < 1:
         return "lint_kernel_not_launched", "runtime: a forward call launched no Triton kernel", None
     max_err = 0.0
-    for case, outs, after in zip(cases, result["outputs"], result["inputs_after"], strict=True):
-        for i, (x, y) in enumerate(zip(case["inputs"], after, strict=True)):
-            if isinstance(x, torch.Tensor) and not (isinstance(y, torch.Tensor) and y.shape == x.shape
-                                                   and y.dtype == x.dtype and torch.equal(x, y)):
-                return "input_mutated", f"seed {case['seed']}: input {i} changed by forward", None
+    for k, (case, outs, after) in enumerate(zip(cases, result["outputs"], result["after"], strict=True)):
+        for i, y in after.items():
+            x = case["inputs"][i]
+            if not (y.shape == x.shape and y.dtype == x.dtype and torch.equal(x, y)):
+                return "input_mutated", f"case {k}: input {i} changed by forward", None
         if len(outs) != len(case["outputs"]):
             return "wrong_output", f"{len(outs)} outputs, expected {len(case['outputs'])}", None
         for o, r in zip(outs, case["outputs"]):
-            if not isinstance(o, torch.Tensor) or o.shape != r.shape or o.dtype != r.dtype:
-                what = f"{o.dtype} {tuple(o.shape)}" if isinstance(o, torch.Tensor) else type(o).__name__
-                return "wrong_output", f"seed {case['seed']}: got {what}, expected {r.dtype} {tuple(r.shape)}", None
+            if o.shape != r.shape or o.dtype != r.dtype:
+                return "wrong_output", f"case {k}: got {o.dtype} {tuple(o.shape)}, expected {r.dtype} " \
+                                       f"{tuple(r.shape)}", None
             if not r.is_floating_point():
                 if not torch.equal(o, r):
-                    return "wrong_output", f"seed {case['seed']}: integer output differs", None
+                    return "wrong_output", f"case {k}: integer output differs", None
                 continue
             err = (o.double() - r.double()).abs().nan_to_num(float("inf")).max().item() if r.numel() else 0.0
             max_err = max(max_err, err)
             tol = _TOLERANCE.get(str(r.dtype).removeprefix("torch."), 1e-4)
             if not torch.allclose(o, r, atol=tol, rtol=tol, equal_nan=True):
-                return "wrong_output", f"seed {case['seed']}: max abs err {err:.3g} (atol=rtol={tol})", max_err
+                return "wrong_output", f"case {k}: max abs err {err:.3g} (atol=rtol={tol})", max_err
     return "ok", "", max_err
 
 
 def execute(code: str, task: dict, timeout_s: float = 60.0) -> tuple:
     """Run code's ModelNew against task["reference_code"] in the sandbox, no linting. Returns (score, info)."""
-    import torch
     device = _device()
     ref, problem = _reference(task["reference_code"], device)
     if problem:
         return 0.0, {"reason": "reference_error", "detail": problem}
-    cases = ref["cases"]
-    blob = io.BytesIO()
-    torch.save({"cases": [{k: v for k, v in c.items() if k != "outputs"} for c in cases]}, blob)
-    res, result = _sandbox({"candidate.py": code, "inputs.pt": blob.getvalue()}, "candidate", device,
-                           timeout_s, "result.pt")
+    job = {"role": "candidate", "device": device, "time": device == "cuda"}
+    res, blob = _sandbox({"candidate.py": code}, job, timeout_s, "result.bin", stdin=ref["stdin"])
     info = {"not_enforced": list(res.not_enforced)}
-    if res.status in ("timeout", "sandbox_error"):
+    if res.status in ("timeout", "sandbox_error", "oom"):
         return 0.0, {**info, "reason": res.status, "detail": res.stderr[-500:]}
-    if result is None:
+    if blob is None:
         reason = "early_exit" if res.status == "ok" else "crash"
         return 0.0, {**info, "reason": reason, "detail": f"{res.status} {res.signal or res.returncode}: "
                                                          f"{res.stderr[-500:]}"}
     try:
-        reason, detail, max_err = _compare(cases, result)
-    except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as e:    # forged or broken result.pt
-        return 0.0, {**info, "reason": "crash", "detail": f"malformed result: {type(e).__name__}: {e}"}
+        result = _parse_result(blob, ref["cases"])
+    except Malformed as e:
+        return 0.0, {**info, "reason": "crash", "detail": f"malformed result: {e}"}
+    reason, detail, max_err = _compare(ref["cases"], result)
     info.update(reason=reason, detail=detail, max_abs_err=max_err)
-    if reason == "ok" and result.get("ms") and ref.get("ms"):
+    if reason == "ok" and result["ms"] and ref["ms"]:
         info["speedup"] = ref["ms"] / result["ms"]
     return (1.0 if reason == "ok" else 0.0), info
 
 
 def triton_reward(completion: str, task: dict, timeout_s: float = 60.0) -> tuple:
-    """(1.0, info) when the completion's code passes `lint` and `execute`, else (0.0, info); never raises."""
+    """(1.0, info) when the completion's code passes `lint` and `execute`, else (0.0, info); never raises:
+    a failure of the reward itself scores 0 with reason reward_error."""
     t0 = time.monotonic()
-    code = extract_code(completion if isinstance(completion, str) else "")
-    if not code:
-        score, info = 0.0, {"reason": "no_code", "detail": ""}
-    else:
-        reason, detail = lint(code)
-        score, info = (0.0, {"reason": reason, "detail": detail}) if reason else execute(code, task, timeout_s)
+    try:
+        code = extract_code(completion if isinstance(completion, str) else "")
+        refused = refusal()
+        if not code:
+            score, info = 0.0, {"reason": "no_code", "detail": ""}
+        elif (lint_result := lint(code))[0]:
+            score, info = 0.0, {"reason": lint_result[0], "detail": lint_result[1]}
+        elif refused:
+            score, info = 0.0, {"reason": "no_sandbox", "detail": refused}
+        else:
+            score, info = execute(code, task, timeout_s)
+    except Exception as e:      # a bug here must cost one sample, not the batch (the message is not trusted)
+        score, info = 0.0, {"reason": "reward_error", "detail": type(e).__name__}
     info["time_s"] = time.monotonic() - t0
     return score, info

@@ -1,7 +1,13 @@
-"""rewards/code.py: share of tests passed, both test formats, per-test timeout, hostile solutions."""
+"""rewards/code.py: share of tests passed, both test formats, per-test timeout, hostile solutions.
+
+Execution needs bubblewrap (without it the reward refuses: no_sandbox, tested with a stand-in)."""
 import pytest
 
+from rewards import sandbox
 from rewards.code import code_reward, extract_code
+from rewards.sandbox import OPT_OUT_ENV, bwrap_problem, running_sandboxes
+
+pytestmark = pytest.mark.skipif(bwrap_problem() is not None, reason=f"needs isolation: {bwrap_problem()}")
 
 ADD_STDIO = {"inputs": ["1 2\n", "10 -3\n", "0 0\n"], "outputs": ["3\n", "7", "0\n"]}
 ADD_ASSERTS = ["assert add(1, 2) == 3", "assert add(10, -3) == 7", "assert add(0, 0) == 0"]
@@ -36,13 +42,41 @@ def test_asserts():
     score, info = code_reward(fenced("def add(a, b):\n    return a + b"), ADD_ASSERTS)
     assert score == 1.0, info
     score, info = code_reward(fenced("def add(a, b):\n    return a + b + (a == 0)"), ADD_ASSERTS)
-    assert score == pytest.approx(2 / 3) and info["per_test"][2] == "runtime_error", info
+    assert score == pytest.approx(2 / 3) and info["per_test"] == ["ok", "ok", "wrong_answer"], info
+    score, info = code_reward(fenced("def add(a, b):\n    return a + b if a else None + 1"), ADD_ASSERTS)
+    assert score == pytest.approx(2 / 3) and info["per_test"] == ["ok", "ok", "runtime_error"], info
+
+
+def test_asserts_see_objects_mutation_and_iteration():
+    code = """
+class Stack:
+    def __init__(self):
+        self.items = []
+
+    def push(self, x):
+        self.items.append(x)
+        return len(self.items)
+
+def sort_in_place(xs):
+    xs.sort()
+
+def count(n):
+    yield from range(n)
+"""
+    tests = ["s = Stack()\nassert s.push(4) == 1 and s.push(5) == 2\nassert s.items == [4, 5]",
+             "xs = [3, 1, 2]\nsort_in_place(xs)\nassert xs == [1, 2, 3]",
+             "assert list(count(3)) == [0, 1, 2] and sum(count(4)) == 6",
+             "import math\nassert math.isclose(len(Stack().items) + 0.5, 0.5)"]
+    score, info = code_reward(fenced(code), tests)
+    assert (score, info["per_test"]) == (1.0, ["ok"] * 4), info
 
 
 @pytest.mark.parametrize("code, reason", [
     ("import sys\nsys.exit(0)", "early_exit"),
     ("import os\nos._exit(0)", "early_exit"),
     ("raise SystemExit(0)", "early_exit"),
+    ("def add(a, b):\n    raise SystemExit(0)", "runtime_error"),
+    ("def add(a, b):\n    raise KeyboardInterrupt", "runtime_error"),
 ])
 def test_early_exit_does_not_pass_asserts(code, reason):
     score, info = code_reward(fenced(code), ADD_ASSERTS)
@@ -62,6 +96,8 @@ def test_per_test_timeout_and_crash():
     (fenced("def add(a, b) return a"), ADD_ASSERTS, "syntax_error"),
     (fenced("print(1)"), [], "no_tests"),
     (None, ADD_ASSERTS, "no_code"),
+    (fenced("def add(a, b):\n    return a + b  # \ud800"), ADD_ASSERTS, "syntax_error"),
+    (fenced("def add(a, b):\n    return a + b"), [{"input": "1"}], "reward_error"),
 ])
 def test_nothing_to_run(completion, tests, reason):
     score, info = code_reward(completion, tests)
@@ -73,3 +109,80 @@ def test_memory_bomb_and_output_flood():
     assert (score, info["reason"]) == (0.0, "runtime_error"), info
     score, info = code_reward(fenced("print('x' * 10**6)"), {"inputs": [""], "outputs": ["x"]})
     assert (score, info["reason"]) == (0.0, "output_too_large"), info
+
+
+# ---- issue 16: cheats that scored 1.0 when the asserts ran in the candidate's interpreter next to a pass token
+TOKEN_FROM_MAIN = """import __main__, os
+print(getattr(__main__, "token", ""), flush=True)
+os._exit(0)"""
+TOKEN_FROM_FRAMES = """import os, sys
+f = sys._getframe()
+while f is not None and "token" not in f.f_globals:
+    f = f.f_back
+print(f.f_globals["token"] if f else "", flush=True)
+os._exit(0)"""
+TOKEN_FROM_GC = """import gc, os
+print(next((o["token"] for o in gc.get_objects() if type(o) is dict and type(o.get("token")) is str), ""), flush=True)
+os._exit(0)"""
+EXEC_REPLACED = "import builtins\nbuiltins.exec = lambda *a, **k: None"
+COMPILE_REPLACED = """import builtins
+real = builtins.compile
+builtins.compile = lambda *a, **k: real("pass", "test.py", "exec")"""
+READS_TEST_FILE = """import re
+TABLE = {(int(a), int(b)): int(r) for a, b, r in re.findall(r"add\\((-?\\d+), (-?\\d+)\\) == (-?\\d+)",
+                                                              open("test.py").read())}
+def add(a, b):
+    return TABLE[(a, b)]"""
+ATEXIT_HOOK = """import atexit, os, __main__
+def hook():
+    print(getattr(__main__, "token", ""), flush=True)
+    os._exit(0)
+atexit.register(hook)
+def add(a, b):
+    return -1"""
+EQUAL_TO_EVERYTHING = """class Any:
+    def __eq__(self, other):
+        return True
+def add(a, b):
+    return Any()"""
+INT_SUBCLASS = """class I(int):
+    def __eq__(self, other):
+        return True
+    __hash__ = int.__hash__
+def add(a, b):
+    return I(0)"""
+SHADOWS_SORTED = "def rev(xs):\n    return xs\nsorted = lambda xs: [1, 2, 3]"
+TRUTHY_OBJECT = "def is_even(n):\n    return object()"
+EVEN_ASSERTS = ["assert is_even(4)", "assert is_even(10)"]
+CHEATS = [
+    ("pass_token_from_main_module", TOKEN_FROM_MAIN, ADD_ASSERTS, "early_exit"),
+    ("pass_token_from_frame_globals", TOKEN_FROM_FRAMES, ADD_ASSERTS, "early_exit"),
+    ("pass_token_from_gc_scan", TOKEN_FROM_GC, ADD_ASSERTS, "early_exit"),
+    ("builtins_exec_replaced", EXEC_REPLACED, ADD_ASSERTS, "runtime_error"),
+    ("builtins_compile_replaced", COMPILE_REPLACED, ADD_ASSERTS, "runtime_error"),
+    ("expected_values_read_from_test_file", READS_TEST_FILE, ADD_ASSERTS, "runtime_error"),
+    ("atexit_hook_prints_token", ATEXIT_HOOK, ADD_ASSERTS, "wrong_answer"),
+    ("object_equal_to_everything", EQUAL_TO_EVERYTHING, ADD_ASSERTS, "wrong_answer"),
+    ("int_subclass_equal_to_everything", INT_SUBCLASS, ADD_ASSERTS, "wrong_answer"),
+    ("builtin_used_by_the_test_shadowed", SHADOWS_SORTED, ["assert sorted(rev([3, 1, 2])) == [1, 2, 3]"],
+     "shadowed_builtin"),
+    ("truthy_object_for_bare_asserts", TRUTHY_OBJECT, EVEN_ASSERTS, "runtime_error"),
+]
+
+
+@pytest.mark.parametrize("code, tests, reason", [c[1:] for c in CHEATS], ids=[c[0] for c in CHEATS])
+def test_assert_cheats_score_zero(code, tests, reason):
+    score, info = code_reward(fenced(code), tests)
+    assert (score, info["per_test"]) == (0.0, [reason] * len(tests)), info
+    assert running_sandboxes(wait_s=10) == []
+
+
+def test_no_isolation_fails_closed(monkeypatch):
+    monkeypatch.setattr(sandbox, "bwrap_problem", lambda: "bwrap not installed (apt-get install bubblewrap)")
+    monkeypatch.delenv(OPT_OUT_ENV, raising=False)
+    score, info = code_reward(fenced("def add(a, b):\n    return a + b"), ADD_ASSERTS)
+    assert (score, info["reason"], info["per_test"]) == (0.0, "no_sandbox", []), info
+    assert "bubblewrap" in info["detail"]
+    monkeypatch.setenv(OPT_OUT_ENV, "1")          # the operator accepted the risk: rlimits only
+    score, info = code_reward(fenced("def add(a, b):\n    return a + b"), ADD_ASSERTS)
+    assert (score, info["reason"]) == (1.0, "ok"), info

@@ -6,15 +6,23 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from rewards.sandbox import bwrap_problem, run_python, running_sandboxes
+from rewards import sandbox
+from rewards.sandbox import (OPT_OUT_ENV, SandboxUnavailable, _cgroup_parent, bwrap_problem, refusal, remove_tree,
+                             require_isolation, run_python, running_sandboxes)
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_bwrap = pytest.mark.skipif(bwrap_problem() is not None, reason=f"{bwrap_problem()}")
+needs_cgroup = pytest.mark.skipif(_cgroup_parent() is None, reason="no writable memory cgroup here")
+BOTH = [pytest.param(True, marks=needs_bwrap), False]
+# a process that sleeps 300 s with the marker in its argv (GNU sleep would reject the marker and exit at once);
+# pasted into scripts, which define SLEEPER first
+SLEEPER_DEF = f"SLEEPER = [{sys.executable!r}, '-c', 'import time; time.sleep(300)']\n"
 
 
 def _processes_with(marker: str, wait_s: float = 10.0) -> list:
@@ -57,7 +65,7 @@ def test_status_codes(use_bwrap, script, status, signal):
 @pytest.mark.parametrize("use_bwrap", [pytest.param(True, marks=needs_bwrap), False])
 def test_wall_timeout_kills_the_whole_group(use_bwrap):
     marker = f"sbx-timeout-{os.getpid()}-{use_bwrap}"
-    script = (f"import subprocess, time\nsubprocess.Popen(['sleep', '300', '{marker}'])\n"
+    script = SLEEPER_DEF + (f"import subprocess, time\nsubprocess.Popen(SLEEPER + ['{marker}'])\n"
               "while True: pass")
     t0 = time.monotonic()
     res = run_python(script, timeout_s=2, use_bwrap=use_bwrap)
@@ -70,7 +78,7 @@ def test_wall_timeout_kills_the_whole_group(use_bwrap):
 def test_setsid_child_does_not_outlive_the_sandbox():
     """A child in its own session leaves the process group; the pid namespace still takes it down."""
     marker = f"sbx-setsid-{os.getpid()}"
-    script = f"import subprocess\nsubprocess.Popen(['sleep', '300', '{marker}'], start_new_session=True)\n"
+    script = SLEEPER_DEF + f"import subprocess\nsubprocess.Popen(SLEEPER + ['{marker}'], start_new_session=True)\n"
     res = run_python(script, timeout_s=5)
     assert res.status == "ok", res
     assert _processes_with(marker) == []
@@ -192,12 +200,149 @@ def test_nonsense_script_is_a_result_and_bad_file_names_a_caller_error():
         run_python("print(1)", files={"../escape.txt": "x"})
 
 
-@pytest.mark.parametrize("use_bwrap", [pytest.param(True, marks=needs_bwrap), False])
-def test_read_back_takes_only_regular_files(use_bwrap):
-    script = ("import os\nos.symlink('/etc/passwd', 'link')\nos.mkfifo('fifo')\nos.mkdir('dir')\n"
-              "open('ok', 'w').write('1')")
-    res = run_python(script, read_back=("link", "fifo", "dir", "ok"), use_bwrap=use_bwrap)
+def test_read_back_takes_only_regular_files():
+    """Without bwrap the script can replace a read_back file by a link or a FIFO: neither is read."""
+    script = ("import os\nfor n in ('link', 'fifo', 'dir'):\n    os.remove(n)\nos.symlink('/etc/passwd', 'link')\n"
+              "os.mkfifo('fifo')\nos.mkdir('dir')\nopen('ok', 'w').write('1')")
+    res = run_python(script, read_back=("link", "fifo", "dir", "ok"), use_bwrap=False)
     assert res.status == "ok" and res.files == {"ok": b"1"}, res
+
+
+@needs_bwrap
+def test_files_are_read_only_and_read_back_files_stay_put():
+    """Under bwrap the script's files are read-only binds and each read_back name is a bind it can write but
+    not replace; everything else it writes stays in its tmpfs."""
+    script = """
+import os
+for what, act in [("write input", lambda: open("in.txt", "w").write("x")),
+                  ("remove input", lambda: os.remove("in.txt")),
+                  ("replace result", lambda: os.replace("other", "out.txt")),
+                  ("link result", lambda: (os.remove("out.txt"), os.symlink("/etc/passwd", "out.txt")))]:
+    open("other", "w").write("y")
+    try:
+        act()
+        print(what, "done")
+    except OSError as e:
+        print(what, "refused")
+open("out.txt", "w").write(open("in.txt").read() * 2)
+"""
+    res = run_python(script, files={"in.txt": "ab"}, read_back=("out.txt",))
+    assert res.status == "ok", res
+    assert res.stdout.split("\n")[:4] == ["write input refused", "remove input refused", "replace result refused",
+                                          "link result refused"], res.stdout
+    assert res.files == {"out.txt": b"abab"}
+
+
+# ---- issue 16: isolation that can't be escaped, limits per sandbox, cleanup that can't break ----
+def test_no_bwrap_refuses_unless_opted_out(monkeypatch):
+    monkeypatch.setattr(sandbox, "bwrap_problem", lambda: "bwrap not installed (apt-get install bubblewrap)")
+    monkeypatch.delenv(OPT_OUT_ENV, raising=False)
+    assert "bwrap not installed" in refusal()
+    with pytest.raises(SandboxUnavailable, match="bubblewrap.*sandbox_opt_out"):
+        require_isolation(opt_out=False)
+    assert OPT_OUT_ENV not in os.environ
+    require_isolation(opt_out=True)
+    assert os.environ[OPT_OUT_ENV] == "1" and refusal() is None
+
+
+@needs_bwrap
+def test_require_isolation_passes_with_bwrap(monkeypatch):
+    monkeypatch.delenv(OPT_OUT_ENV, raising=False)
+    assert require_isolation(opt_out=False) is None and refusal() is None and OPT_OUT_ENV not in os.environ
+
+
+@pytest.mark.parametrize("use_bwrap", BOTH)
+def test_daemon_grandchild_does_not_outlive_the_call(use_bwrap):
+    """A double-forked, setsid'ed grandchild that sleeps (CPU limits never stop it) is gone when run_python
+    returns: the pid namespace, the sandbox's cgroup or its uid are killed as a whole."""
+    if not use_bwrap and _cgroup_parent() is None and os.geteuid() != 0:
+        pytest.skip("without bwrap only a cgroup or a fresh uid can find a daemon")
+    marker = f"sbx-daemon-{os.getpid()}-{use_bwrap}"
+    script = SLEEPER_DEF + f"""
+import os, subprocess
+if os.fork() == 0:
+    os.setsid()
+    subprocess.Popen(SLEEPER + ['{marker}'])
+    os._exit(0)
+os.wait()
+"""
+    res = run_python(script, timeout_s=10, use_bwrap=use_bwrap)
+    assert res.status == "ok", res
+    assert _processes_with(marker, wait_s=0.5) == []
+
+
+@needs_cgroup
+@pytest.mark.parametrize("use_bwrap", BOTH)
+def test_memory_limit_holds_for_the_whole_sandbox(use_bwrap):
+    """4 processes of 200 MiB each under a 512 MiB sandbox: each is under the per-process address-space limit,
+    together they are not."""
+    script = """
+import os, time
+pids = []
+for _ in range(4):
+    pid = os.fork()
+    if pid == 0:
+        b = bytearray(200 << 20)
+        for i in range(0, len(b), 4096):
+            b[i] = 1
+        time.sleep(2)
+        os._exit(0)
+    pids.append(pid)
+print([os.waitpid(p, 0)[1] for p in pids])
+"""
+    res = run_python(script, mem_mb=512, timeout_s=30, use_bwrap=use_bwrap)
+    assert res.status == "oom", res
+    assert "memory cgroup for the whole sandbox, all its processes killed after the run" in res.enforced
+
+
+@needs_bwrap
+def test_scratch_disk_is_capped():
+    script = """
+for i in range(4):
+    try:
+        open(f"f{i}", "wb").write(b"x" * (40 << 20))
+    except OSError as e:
+        print(i, e.strerror)
+        break
+"""
+    res = run_python(script, disk_mb=100, fsize_mb=64)
+    assert res.status == "ok" and res.stdout.strip() == "2 No space left on device", res
+
+
+@pytest.mark.parametrize("use_bwrap", BOTH)
+def test_deep_directory_tree_is_no_problem(use_bwrap):
+    script = """
+import os
+top = os.getcwd()
+for _ in range(3000):
+    os.mkdir("d")
+    os.chdir("d")
+os.chmod(".", 0)
+print(top)
+"""
+    res = run_python(script, use_bwrap=use_bwrap)
+    assert res.status == "ok", res
+    assert not os.path.exists(res.stdout.strip()) if not use_bwrap else res.stdout.strip() == "/scratch"
+
+
+def test_remove_tree_handles_depth_locked_dirs_and_links(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("x")
+    top = tmp_path / "top"
+    top.mkdir()
+    fd = os.open(top, os.O_RDONLY)
+    for i in range(3000):       # deeper than PATH_MAX and the recursion limit
+        os.mkdir("d", dir_fd=fd)
+        nxt = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = nxt
+    os.symlink(outside, "link", dir_fd=fd)
+    os.mkdir("locked", dir_fd=fd)
+    os.chmod("locked", 0, dir_fd=fd)
+    os.close(fd)
+    remove_tree(str(top))
+    assert not top.exists() and (outside / "keep").read_text() == "x"
 
 
 def test_private_tmp_is_mounted_before_the_binds():
@@ -206,7 +351,19 @@ def test_private_tmp_is_mounted_before_the_binds():
     from rewards.sandbox import _bwrap_argv
     if shutil.which("bwrap") is None:
         pytest.skip("no bwrap")
-    argv = _bwrap_argv("/tmp/some-scratch", gpu=False, tmp_mb=64)
-    tmpfs = argv.index("--tmpfs")
+    argv = _bwrap_argv("/tmp/some-scratch", ("in.txt",), ("out.bin",), gpu=False, tmp_mb=64, disk_mb=128)
+    tmpfs = [i for i, a in enumerate(argv) if a == "--tmpfs"]
     binds = [i for i, a in enumerate(argv) if a in ("--ro-bind", "--bind", "--dev-bind")]
-    assert argv[tmpfs + 1] == "/tmp" and binds and min(binds) > tmpfs
+    assert [argv[i + 1] for i in tmpfs] == ["/tmp", "/scratch"] and binds and min(binds) > max(tmpfs)
+    assert argv[argv.index("/tmp/some-scratch/out.bin") - 1:][:3] == ["--bind", "/tmp/some-scratch/out.bin",
+                                                                    "/scratch/out.bin"]
+
+
+@needs_cgroup
+def test_stale_sandbox_cgroups_are_removed():
+    """A reward worker killed mid-run leaves an empty cgroup named after its pid: the next probe removes it."""
+    parent = _cgroup_parent()[1]
+    stale = os.path.join(parent, "rl-sandbox-999999999-0123456789ab")    # no such pid (above pid_max)
+    os.mkdir(stale)
+    _cgroup_parent.cache_clear()
+    assert _cgroup_parent()[1] == parent and not os.path.exists(stale)
