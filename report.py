@@ -105,6 +105,41 @@ def metric_sinks(cfg, run_dir: Path) -> list:
     return sinks
 
 
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct: 1 - C(n-c, k) / C(n, k)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
+
+
+def eval_sums(rows: list[dict], scores: list[float], k: int, sources: list[str]) -> list[float]:
+    """Per source, 4 sums over rows: greedy score, sampled scores, pass@k (a sample passes when it scores 1), rows.
+    scores: per row, the greedy completion's then its k samples' (k + 1 per row, in row order)."""
+    sums = [0.0] * (4 * len(sources))
+    for i, row in enumerate(rows):
+        s = scores[i * (k + 1):(i + 1) * (k + 1)]
+        passed = sum(x >= 1.0 for x in s[1:])  # a sample passes when it scores 1
+        base = 4 * sources.index(row["data_source"])
+        for j, v in enumerate((s[0], sum(s[1:]), pass_at_k(k, passed, k), 1)):
+            sums[base + j] += v
+    return sums
+
+
+def eval_metrics(tot: list[float], sources: list[str], k: int) -> dict:
+    """eval_sums of every rank -> eval/greedy_acc, eval/mean@k (mean score of the samples), eval/pass@k, overall and
+    eval/<source>/... per data_source when there are several, and eval/rows."""
+    def acc(t: list[float], prefix: str) -> dict:
+        n = max(t[3], 1)
+        return {f"{prefix}greedy_acc": t[0] / n, f"{prefix}mean@{k}": t[1] / (n * k), f"{prefix}pass@{k}": t[2] / n}
+    per = {src: tot[4 * i:4 * i + 4] for i, src in enumerate(sources)}
+    out = acc([sum(v[j] for v in per.values()) for j in range(4)], "eval/")
+    if len(sources) > 1:
+        for src, t in per.items():
+            out.update(acc(t, f"eval/{src}/"))
+    out["eval/rows"] = sum(v[3] for v in per.values())
+    return out
+
+
 def print_eval_table(metrics: dict, k: int) -> None:
     """One line per data source (and 'all'): greedy, mean@k, pass@k."""
     print(f"{'source':24} {'greedy':>8} {f'mean@{k}':>8} {f'pass@{k}':>8}")

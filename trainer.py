@@ -42,6 +42,8 @@ from model import (DUMMY, Row, all_gather_list, all_max, all_sum, build_model, c
 from rewards.advantages import accuracy_filter, grpo_advantages, rloo_advantages
 from rewards.pool import RewardPool
 from rewards.prime import Prime
+from rewards.sandbox import SandboxUnavailable, require_isolation
+from rewards.tasks import UNTRUSTED_TASKS
 from rollout import mismatch
 from rollout.copris import CoprisScheduler, Trajectory
 
@@ -135,6 +137,7 @@ class Config:
     peak_tflops: float = 989.0  # per-GPU dense bf16 peak for MFU (H100/H200 SXM: 989)
     reward_workers: int = 1  # reward processes per rank
     reward_timeout_s: float = 10.0  # wall limit per sample; over it scores 0 and is counted
+    sandbox_opt_out: bool = False  # run code/triton rewards without bubblewrap (rlimits only): accept the risk
     engine: EngineConfig = field(default_factory=EngineConfig)
     copris: CoprisConfig = field(default_factory=CoprisConfig)
     prime: PrimeConfig = field(default_factory=PrimeConfig)
@@ -510,13 +513,6 @@ def mismatch_metrics(run: Run, rows: list[Row], trajs) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n samples with c correct: 1 - C(n-c, k) / C(n, k)."""
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
-
-
 @torch.no_grad()
 def evaluate(run: Run, samples_out: Path | None = None) -> dict:
     """Held-out accuracy per data_source and overall: greedy, mean@k and pass@k (unbiased), with
@@ -541,41 +537,14 @@ def evaluate(run: Run, samples_out: Path | None = None) -> dict:
     run.engine.sleep()
     sources = sorted({r["data_source"] for r in run.eval_rows})
     if samples_out is not None:
-        mine = [{"id": row.get("id"), "data_source": row["data_source"], "kind": "greedy" if j == 0 else "sample",
+        mine = [{"id": row.get("id"), "data_source": row["data_source"], "task": row["task"], "name": row.get("name"),
+                 "kind": "greedy" if j == 0 else "sample",
                  "completion": texts[i * (k + 1) + j], "score": scores[i * (k + 1) + j][0],
                  "reason": scores[i * (k + 1) + j][1]["reason"]} for i, row in enumerate(rows) for j in range(k + 1)]
         every = all_gather_list(mine)
         if run.rank == 0:
             samples_out.write_text("".join(json.dumps(r) + "\n" for r in every))
-    return eval_metrics(all_sum(eval_sums(rows, [s for s, _ in scores], k, sources), run.device), sources, k)
-
-
-def eval_sums(rows: list[dict], scores: list[float], k: int, sources: list[str]) -> list[float]:
-    """Per source, 4 sums over rows: greedy score, sampled scores, pass@k (a sample passes when it scores 1), rows.
-    scores: per row, the greedy completion's then its k samples' (k + 1 per row, in row order)."""
-    sums = [0.0] * (4 * len(sources))
-    for i, row in enumerate(rows):
-        s = scores[i * (k + 1):(i + 1) * (k + 1)]
-        passed = sum(x >= 1.0 for x in s[1:])  # a sample passes when it scores 1
-        base = 4 * sources.index(row["data_source"])
-        for j, v in enumerate((s[0], sum(s[1:]), pass_at_k(k, passed, k), 1)):
-            sums[base + j] += v
-    return sums
-
-
-def eval_metrics(tot: list[float], sources: list[str], k: int) -> dict:
-    """eval_sums of every rank -> eval/greedy_acc, eval/mean@k (mean score of the samples), eval/pass@k, overall and
-    eval/<source>/... per data_source when there are several, and eval/rows."""
-    def acc(t: list[float], prefix: str) -> dict:
-        n = max(t[3], 1)
-        return {f"{prefix}greedy_acc": t[0] / n, f"{prefix}mean@{k}": t[1] / (n * k), f"{prefix}pass@{k}": t[2] / n}
-    per = {src: tot[4 * i:4 * i + 4] for i, src in enumerate(sources)}
-    out = acc([sum(v[j] for v in per.values()) for j in range(4)], "eval/")
-    if len(sources) > 1:
-        for src, t in per.items():
-            out.update(acc(t, f"eval/{src}/"))
-    out["eval/rows"] = sum(v[3] for v in per.values())
-    return out
+    return report.eval_metrics(all_sum(report.eval_sums(rows, [s for s, _ in scores], k, sources), run.device), sources, k)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -728,9 +697,19 @@ def train_loop(run: Run, start: int, steps: int, step_fn, desc: str, evaluate_at
     run.counters["loop_seconds"] = time.time() - t_start
 
 
+def check_sandbox(cfg: Config, rows: list[dict]) -> None:
+    """Rows whose reward runs model-written code (code, triton) need the sandbox's isolation (rewards/sandbox.py)."""
+    if any(r["task"] in UNTRUSTED_TASKS for r in rows):
+        try:
+            require_isolation(cfg.sandbox_opt_out)
+        except SandboxUnavailable as e:
+            raise ConfigError(str(e)) from None
+
+
 def train_rl(cfg: Config) -> None:
     rows = load_rows(cfg.train_data, "rl")
     eval_rows = load_rows(cfg.eval_data, "rl") if cfg.eval_data else []
+    check_sandbox(cfg, rows + eval_rows)
     run, ckpt = setup(cfg)
     rows, skipped = tokenize_prompts(rows, run.tok, cfg.max_prompt_len, cfg.chat_template)
     counts = data_counts(run, "train", len(rows) + skipped, skipped, f"prompt over max_prompt_len={cfg.max_prompt_len}")
@@ -822,6 +801,7 @@ def run_eval(cfg: Config) -> None:
     """mode: eval. Held-out metrics of model_path on eval_data: a table, eval_summary.json and every
     completion with its score in eval_samples.jsonl (both in run_dir)."""
     rows = load_rows(cfg.eval_data, "rl")
+    check_sandbox(cfg, rows)
     run, _ = setup(cfg, trainable=False)
     run.eval_rows, skipped = tokenize_prompts(rows, run.tok, cfg.max_prompt_len, cfg.chat_template)
     counts = data_counts(run, "eval", len(rows), skipped, f"prompt over max_prompt_len={cfg.max_prompt_len}")
@@ -842,7 +822,8 @@ def preflight(argv: list[str], world: int) -> None:
     cfg = load_config(argv, world)
     check_run_dir(cfg, world)
     for path in ([cfg.train_data] if cfg.mode != "eval" else []) + ([cfg.eval_data] if cfg.eval_data else []):
-        load_rows(path, "sft" if cfg.mode == "sft" and path == cfg.train_data else "rl")
+        rows = load_rows(path, "sft" if cfg.mode == "sft" and path == cfg.train_data else "rl")
+        check_sandbox(cfg, rows if cfg.mode != "sft" else [])
 
 
 def main(argv: list[str]) -> int:

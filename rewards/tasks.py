@@ -67,6 +67,7 @@ def check_char_share(row: dict) -> str | None:
     return None if isinstance(row["chars"], str) and row["chars"] else "'chars' must be a non-empty string"
 
 
+UNTRUSTED_TASKS = ("code", "triton")  # their rewards run model-written code: the sandbox must isolate it
 TASKS = {  # task -> (keys a row of that task must have, scorer, check of a data row)
     "math": (("answer",), score_math, check_math),
     "code": (("tests",), score_code, check_code),

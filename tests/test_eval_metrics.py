@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from trainer import eval_metrics, eval_sums, pass_at_k
+from report import eval_metrics, eval_sums, pass_at_k
 
 
 @pytest.mark.parametrize("n, c, k", [(1, 0, 1), (1, 1, 1), (4, 0, 2), (4, 1, 2), (4, 3, 2), (5, 2, 3), (8, 8, 4),
