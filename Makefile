@@ -5,7 +5,7 @@ DEMO    := runs/demo
 export VLLM_LOGGING_LEVEL ?= ERROR
 export PYTHONWARNINGS ?= ignore
 
-.PHONY: install sandbox demo test bench clean
+.PHONY: install sandbox demo test mutants bench clean
 
 install: .venv/.installed sandbox
 
@@ -45,6 +45,10 @@ demo: install
 # TRITON_ALL_TASKS=1: every shipped Triton solution must score 1.0 (not only one per category).
 test: install
 	TRITON_ALL_TASKS=1 $(PY) -m pytest -q tests
+
+# Planted bugs (tests/mutations/run.py): each must make its tests fail. Not part of make test (about 15 min).
+mutants: install
+	$(PY) tests/mutations/run.py
 
 bench: install
 	$(PY) benchmarks/bench_kernels.py

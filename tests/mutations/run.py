@@ -1,0 +1,132 @@
+"""Planted bugs: each is applied to a temporary copy of the working tree, the tests meant to catch it run there,
+and the report says which ones the suite caught. Every one must be caught. `make mutants` runs it (not make test).
+
+    .venv/bin/python tests/mutations/run.py [NAME ...]      # all, or some by name; -l lists them
+
+A mutant is (name, file, the exact text it replaces (once), the replacement, the pytest selection that must fail).
+A stale mutant (its text is no longer in the file, or is there twice) is reported as an error, not as caught.
+"""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+MUTANTS = [
+    # trainer: the RL step
+    ("advantage sign flipped", "trainer.py", "r.adv = a.expand(len(r.response))", "r.adv = (-a).expand(len(r.response))",
+     ["tests/test_learning.py", "-k", "grpo"]),
+    ("advantages on the wrong trajectories", "trainer.py", "for r, a in zip(rows, estimator(rewards, group_size)):",
+     "for r, a in zip(rows, estimator(rewards, group_size).roll(1)):", ["tests/test_learning.py", "-k", "grpo"]),
+    ("loss scale ignores the ranks", "trainer.py", "* torch.cat(corr) * run.world", "* torch.cat(corr)",
+     ["tests/test_trainer_phases.py", "-k", "same_batch"]),
+    ("old log-probs overwrite earlier stages", "trainer.py",
+     "need[i].old_logprobs += logp[len(need[i].old_logprobs):].tolist()", "need[i].old_logprobs = logp.tolist()",
+     ["tests/test_trainer_phases.py", "-k", "cross_stage"]),
+    ("update ignores the old log-probs it must supply", "trainer.py", "on_policy=torch.isnan(old))",
+     "on_policy=torch.isnan(old) & False)", ["tests/test_trainer_phases.py", "-k", "supplies or same_batch"]),
+    ("masked tokens stay in the denominator", "trainer.py", "kept = torch.cat(corr) > 0", "kept = torch.cat(corr) >= 0",
+     ["tests/test_mismatch.py", "-k", "denominator"]),
+    ("PRM state left out of checkpoints", "trainer.py", 'sharded["prime"] = self.advantages.state_dict()',
+     'sharded["prime"] = {}', ["tests/test_resume.py", "-k", "prime"]),
+    ("used run_dir overwritten silently", "launch.py", "if cfg.resume == \"off\" and used and not cfg.overwrite:",
+     "if False:", ["tests/test_lifecycle.py", "-k", "refused_and_nothing"]),
+    # model: packing
+    ("packed positions do not restart per row", "model.py", "pos += range(len(r))", "pos += range(at, at + len(r))",
+     ["tests/test_trainer_phases.py", "-k", "packed"]),
+    # PRIME
+    ("PRIME update=before stops recomputing rewards", "rewards/prime.py", "if self.recompute:", "if False:",
+     ["tests/test_prime.py"]),
+    ("PRIME whitening over this rank only", "rewards/advantages.py", "(stats if reduce is None else reduce(stats))",
+     "stats", ["tests/test_trainer_phases.py", "-k", "whitening"]),
+    # advantages
+    ("GRPO std biased", "rewards/advantages.py", "std = r.std(dim=1, keepdim=True)",
+     "std = r.std(dim=1, keepdim=True, unbiased=False)", ["tests/test_advantages_loss.py"]),
+    ("RLOO baseline includes the sample itself", "rewards/advantages.py",
+     "((g.sum(1, keepdim=True) - g) / (group_size - 1))", "(g.sum(1, keepdim=True) / group_size).expand_as(g)",
+     ["tests/test_advantages_loss.py", "tests/test_prime_advantages.py"]),
+    # evaluation and rewards
+    ("mean@k not divided by k", "report.py", 'f"{prefix}mean@{k}": t[1] / (n * k)', 'f"{prefix}mean@{k}": t[1] / n',
+     ["tests/test_eval_metrics.py"]),
+    ("math reward length cap removed", "rewards/math.py", "if m and len(m.group(1)) > MAX_ANSWER_CHARS:",
+     "if False:", ["tests/test_math_reward.py"]),
+    ("math reward bracket depth cap removed", "rewards/math.py", "if brackets > MAX_DEPTH:", "if False:",
+     ["tests/test_math_reward.py"]),
+    # rollout
+    ("CoPRIS buffer drops versions", "rollout/copris.py", '"samples": [vars(t) for t in g.samples]',
+     '"samples": [{**vars(t), "versions": []} for t in g.samples]', ["tests/test_copris_unit.py"]),
+    ("CoPRIS resumes without reducing max_tokens", "rollout/copris.py", "engine.sampling(self._limit(t) - len(t.tokens),",
+     "engine.sampling(self._limit(t),", ["tests/test_copris_unit.py"]),
+    ("ranks draw the same prompts", "data/rows.py", "idx = int(order[i * self.world + self.rank])",
+     "idx = int(order[i * self.world])", ["tests/test_copris.py", "-k", "disjoint"]),
+    ("mismatch TIS weight not truncated", "rollout/mismatch.py", "return _d(old, roll).exp().clamp(max=C).float()",
+     "return _d(old, roll).exp().float()", ["tests/test_mismatch.py", "-k", "formulas"]),
+    ("mismatch sequence ratio from the sum", "rollout/mismatch.py", "rho = _d(old, roll).mean().exp()\n        return rho.clamp",
+     "rho = _d(old, roll).sum().exp()\n        return rho.clamp", ["tests/test_mismatch.py", "-k", "formulas"]),
+    # kernels
+    ("PPO upper clip uses clip_low", "kernels/ppo_loss.py", "pg2 = -adv * ratio.clamp(1 - clip_low, 1 + clip_high)",
+     "pg2 = -adv * ratio.clamp(1 - clip_low, 1 + clip_low)", ["tests/test_kernels.py", "-k", "ppo and torch"]),
+    ("discounted returns off by one", "kernels/prm_reward.py", "G = torch.cat([G[:, :-d] + g * G[:, d:], G[:, -d:]], dim=1)",
+     "G = torch.cat([G[:, :-d] + g * G[:, d:], 0 * G[:, -d:]], dim=1)",
+     ["tests/test_kernels.py", "-k", "discounted", "tests/test_prime_advantages.py"]),
+    ("fused lm_head op ignores on_policy", "kernels/fused_linear.py",
+     "old = ins[0] if on_policy is None else torch.where(ins[4], logp, ins[0])", "old = ins[0]",
+     ["tests/test_fused_linear.py"]),
+]
+
+
+def copy_tree(dest: Path) -> None:
+    """The working tree as git sees it (tracked and untracked, not ignored), plus a link to the venv."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.splitlines()
+    for f in files:
+        if (ROOT / f).is_file():
+            (dest / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / f, dest / f)
+    os.symlink(ROOT / ".venv", dest / ".venv")
+
+
+def run_mutant(name, path, old, new, selection) -> tuple[str, float]:
+    """-> (caught | SURVIVED | stale: ..., seconds)."""
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="mutant-") as tmp:
+        tmp = Path(tmp)
+        copy_tree(tmp)
+        text = (tmp / path).read_text()
+        if text.count(old) != 1:
+            return f"stale: the text occurs {text.count(old)} times in {path}", 0.0
+        (tmp / path).write_text(text.replace(old, new))
+        p = subprocess.run([str(ROOT / ".venv/bin/python"), "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                            f"--basetemp={tmp / 'pytest'}", *selection], cwd=tmp, capture_output=True, text=True,
+                           env={**os.environ, "PYTHONPATH": str(tmp)})
+        if p.returncode == 5:
+            return "stale: the selection collects no test", time.time() - t0
+        return ("caught" if p.returncode != 0 else "SURVIVED"), time.time() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("names", nargs="*", help="run only these mutants (by name)")
+    ap.add_argument("-l", "--list", action="store_true")
+    a = ap.parse_args()
+    todo = [m for m in MUTANTS if not a.names or m[0] in a.names]
+    if a.list:
+        print("\n".join(f"{m[0]:48s} {m[1]}" for m in MUTANTS))
+        return 0
+    results = []
+    for m in todo:
+        verdict, seconds = run_mutant(*m)
+        results.append((m[0], verdict))
+        print(f"{verdict:8s} {seconds:6.0f} s  {m[0]}  ({m[1]}; {' '.join(m[4])})", flush=True)
+    caught = sum(v == "caught" for _, v in results)
+    print(f"\n{caught} of {len(results)} planted bugs caught")
+    return 0 if caught == len(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
