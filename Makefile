@@ -1,9 +1,6 @@
 # Quick start: `make demo` (the CPU demo: SFT warm-up then GRPO with 2 ranks), `make test`.
 PY      := .venv/bin/python
-TORCHRUN := .venv/bin/torchrun
 DEMO    := runs/demo
-export VLLM_LOGGING_LEVEL ?= ERROR
-export PYTHONWARNINGS ?= ignore
 
 .PHONY: install sandbox demo test mutants bench clean
 
@@ -35,12 +32,13 @@ sandbox:
 	fi
 	touch $@
 
-# Data + tokenizer + random-init tiny model, SFT warm-up, then GRPO (CoPRIS rollout) on 2 ranks.
+# Data + tokenizer + random-init tiny model, SFT warm-up, then GRPO (CoPRIS rollout) on 2 ranks. A rerun replaces
+# the previous demo run (--overwrite=true); elsewhere a used run_dir is refused.
 demo: install
 	$(PY) -m data.arithmetic --out $(DEMO)/data --train 20000 --sft 40000 --eval 1000
 	$(PY) -m data.tiny_model --corpus $(DEMO)/data/sft.jsonl --out $(DEMO)/model
-	$(TORCHRUN) --nproc_per_node 2 trainer.py --config configs/demo_sft.yaml
-	$(TORCHRUN) --nproc_per_node 2 trainer.py --config configs/demo.yaml
+	$(PY) trainer.py --nproc_per_node 2 --config configs/demo_sft.yaml --overwrite=true
+	$(PY) trainer.py --nproc_per_node 2 --config configs/demo.yaml --overwrite=true
 
 # TRITON_ALL_TASKS=1: every shipped Triton solution must score 1.0 (not only one per category).
 test: install
