@@ -30,7 +30,7 @@ def sft_then_rl(tiny, tmp_path_factory):
     log = torchrun(f"--model_path={out / 'sft' / 'export'}", f"--train_data={tiny / 'data' / 'rl_train.jsonl'}",
                    f"--eval_data={tiny / 'data' / 'eval.jsonl'}", f"--run_dir={out / 'rl'}", "--steps=2",
                    "--n_samples=4", "--batch_groups=4", "--copris.concurrency=6", "--eval_samples=2",
-                   "--lr=1e-3", "--eval_every=1", "--kl_coef=0.01", "--dual_clip=3", *common)
+                   "--lr=1e-3", "--eval_every=1", "--kl_coef=0.01", "--dual_clip=3", "--entropy_coef=0.01", *common)
     return out, log
 
 
