@@ -1,5 +1,5 @@
-"""Crash safety: SIGKILL at a random step then --resume=auto reproduces the uninterrupted run's
-per-step metrics exactly; SIGTERM checkpoints and exits 0; half-written checkpoints are ignored."""
+"""Crash safety: SIGKILL at a random step (a LoRA run: a fixed step) then --resume=auto reproduces the
+uninterrupted run's per-step metrics exactly; SIGTERM checkpoints and exits 0; half-written checkpoints are ignored."""
 import json
 import os
 import random
@@ -34,17 +34,19 @@ def metrics(run_dir):
     return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in rows]
 
 
-def test_sigkill_then_resume_matches_uninterrupted_run(tiny, tmp_path):
+def kill_and_resume(tiny, tmp_path, kill_after: int, *extra) -> Path:
+    """An uninterrupted run, then the same run SIGKILLed once checkpoint step `kill_after` exists and resumed
+    with --resume=auto: every per-step metric must be identical. -> the resumed run's folder."""
     ref = tmp_path / "ref"
-    p = subprocess.run(torchrun(args(tiny, ref)), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(torchrun(args(tiny, ref, *extra)), cwd=ROOT, env=ENV, capture_output=True, text=True,
+                       timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     want = metrics(ref)
     assert [r["step"] for r in want] == [0, 1, 2, 3, 4]
     assert all(r["grad_norm"] > 0 for r in want[1:])
 
-    kill_after = random.Random(os.getpid()).choice([1, 2])
     run = tmp_path / "killed"
-    proc = subprocess.Popen(torchrun(args(tiny, run)), cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(torchrun(args(tiny, run, *extra)), cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 600
     while not (run / "checkpoints" / f"step_{kill_after:06d}" / "manifest.json").exists():
@@ -52,12 +54,29 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tiny, tmp_path):
         time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    p = subprocess.run(torchrun(args(tiny, run, "--resume=auto")), cwd=ROOT, env=ENV, capture_output=True,
+    p = subprocess.run(torchrun(args(tiny, run, *extra, "--resume=auto")), cwd=ROOT, env=ENV, capture_output=True,
                        text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "resumed from" in p.stdout
     got = metrics(run)
     assert got == want, f"killed after step {kill_after}"  # exact: same tokens, rewards, losses, grad norms
+    return run
+
+
+def test_sigkill_then_resume_matches_uninterrupted_run(tiny, tmp_path):
+    kill_and_resume(tiny, tmp_path, random.Random(os.getpid()).choice([1, 2]))
+
+
+def test_lora_sigkill_then_resume_matches_uninterrupted_run(tiny, tmp_path):
+    """LoRA with adapter dropout (the RNG state matters) and k3 KL to the base; the checkpoints hold the adapter
+    and its optimizer state only."""
+    from torch.distributed.checkpoint import FileSystemReader
+    run = kill_and_resume(tiny, tmp_path, 2, "--lora.rank=8", "--lora.dropout=0.1", "--kl_coef=0.01")
+    last = complete_checkpoints(run / "checkpoints")[-1]
+    keys = FileSystemReader(str(last / "dcp")).read_metadata().state_dict_metadata
+    policy = [k for k in keys if k.startswith("policy.")]
+    assert policy and all(".lora_A." in k or ".lora_B." in k for k in policy), f"non-adapter tensors: {policy[:5]}"
+    assert any(k.startswith("optim.state.") for k in keys), f"no optimizer state in the checkpoint: {list(keys)[:5]}"
 
 
 def test_sigterm_checkpoints_and_exits_zero(tiny, tmp_path):
