@@ -125,3 +125,23 @@ def test_export_loads_in_peft_transformers_and_vllm(lora_run, tiny):
     engine_adapter = result_of(["-c", ENGINE, str(tiny / "model"), str(export), "8"])
     assert diff(engine_adapter, merged) < TOL, f"vLLM base + adapter vs the merged folder: " \
                                                f"{diff(engine_adapter, merged)}"
+
+
+def test_add_lora_refuses_lm_head_and_unknown_modules(tiny):
+    from transformers import AutoModelForCausalLM
+    from config import ConfigError
+    from model import add_lora
+    from trainer import LoraConfig
+    for targets, needle in ((["lm_head"], "lm_head is the packed loss's Head"), (["qkv"], "lora.target_modules ['qkv']")):
+        with pytest.raises(ConfigError, match=needle.replace("[", r"\[").replace("]", r"\]")):
+            add_lora(AutoModelForCausalLM.from_pretrained(tiny / "model"), LoraConfig(rank=8, target_modules=targets))
+
+
+def test_adapter_dropout_acts_in_gradient_forwards_only():
+    import torch
+    from model import GradDropout
+    d, x = GradDropout(0.5).eval(), torch.ones(1000)
+    with torch.no_grad():
+        assert torch.equal(d(x), x), "dropout in a no-grad forward (old log-probs, reference)"
+    dropped = (d(x) == 0).float().mean().item()
+    assert 0.4 < dropped < 0.6, f"{dropped:.0%} dropped in a gradient forward (eval mode), expected about 50%"
