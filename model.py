@@ -180,9 +180,8 @@ def save_hf(config, state: dict, folder: Path, tok) -> None:
 
 def push_full(model, engine, dtype=None) -> int:
     """Every parameter, gathered, into the engine's weights (all ranks); -> bytes."""
-    sizes = []
-    engine.push_weights((n, t) for n, t in full_named_tensors(model, dtype) if not sizes.append(t.nbytes))
-    return sum(sizes)
+    engine.push_weights(full_named_tensors(model, dtype))
+    return sum(p.numel() * (dtype or p.dtype).itemsize for p in model.parameters())  # numel: the full tensor's
 
 
 def push_adapter(model, engine, dtype=None) -> int:
