@@ -8,6 +8,7 @@ tokens, inside FSDP's forward.
 """
 import contextlib
 import os
+import shutil
 import socket
 import tempfile
 from dataclasses import dataclass
@@ -176,6 +177,26 @@ def save_hf(config, state: dict, folder: Path, tok) -> None:
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
     config.save_pretrained(folder)
     tok.save_pretrained(folder)
+
+
+def export_hf(model, tok, out: Path, merged: bool = False) -> None:
+    """HF folder (config, model.safetensors, tokenizer) that transformers and vLLM load. A LoRA policy's is the
+    adapter in PEFT format (with the tokenizer) and, if merged, out/merged: the HF folder of the base with the
+    adapter folded in. Written to out.tmp, renamed once complete; all ranks call (a collective)."""
+    from peft import PeftModel
+    lora = isinstance(model, PeftModel)
+    adapter = adapter_tensors(model) if lora else None
+    state = hf_state(model) if merged or not lora else None
+    if dist.get_rank() == 0:
+        tmp = out.with_name(out.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        if adapter is not None:
+            save_adapter(model, adapter, tmp, tok)
+        if state is not None:
+            save_hf(model.config, state, tmp / "merged" if lora else tmp, tok)
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+    dist.barrier()
 
 
 def push_full(model, engine, dtype=None) -> int:

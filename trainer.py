@@ -39,9 +39,9 @@ from config import ConfigError
 from data.rows import PromptSource, load_rows, tokenize_prompts, tokenize_sft
 from kernels import token_logprobs
 from kernels.ppo_loss import ppo_loss_terms, ppo_stats
-from model import (DUMMY, PROJECTIONS, Row, adapter_disabled, adapter_tensors, all_gather_list, all_max, all_sum, build_model,
-                   clip_grad_norm, hf_state, init_distributed, micro_batches, packed_forward, push_adapter, push_full,
-                   response_logprobs, save_adapter, save_hf, split_rows, targets_of, trainable_state)
+from model import (DUMMY, PROJECTIONS, Row, adapter_disabled, all_gather_list, all_max, all_sum, build_model,
+                   clip_grad_norm, export_hf, init_distributed, micro_batches, packed_forward, push_adapter, push_full,
+                   response_logprobs, split_rows, targets_of, trainable_state)
 from rewards.advantages import accuracy_filter, grpo_advantages, rloo_advantages
 from rewards.pool import RewardPool
 from rewards.prime import Prime
@@ -331,8 +331,7 @@ def rl_step(run: Run, step: int) -> dict:
 
 
 def push_weights_if_stale(run: Run) -> int:
-    """Wake the engine and load the policy's current weights into it (all ranks, in lockstep): run.push, every
-    tensor or the LoRA adapter; -> bytes pushed (0: the engine was up to date)."""
+    """Wake the engine and push the policy into it if stale (run.push: every weight or the LoRA adapter); -> bytes."""
     stale, dtype = run.engine_version != run.policy_version, torch.bfloat16 if run.device.type == "cuda" else None
     pushed = run.push(run.policy, run.engine, dtype) if stale else 0
     run.engine_version = run.policy_version
@@ -420,10 +419,9 @@ def policy_reference(batch: list[Row]) -> list[torch.Tensor]:
     return [r.old_logp for r in batch] if batch else [torch.zeros(1)]
 
 
-@torch.no_grad()
 def frozen_reference(run: Run, batch: list[Row]) -> list[torch.Tensor]:
-    """Log-probs of the frozen reference copy of the initial policy, or with LoRA of the policy with its adapter
-    disabled: the base model (runs for an empty batch too: FSDP)."""
+    """Log-probs of the frozen copy of the initial policy, or of the LoRA policy with its adapter disabled: the base
+    model (runs for an empty batch too: FSDP)."""
     with adapter_disabled(run.ref):
         return response_logprobs(run.ref, batch, run.device, run.cfg.temperature)
 
@@ -591,25 +589,6 @@ def evaluate(run: Run, samples_out: Path | None = None) -> dict:
 # ---------------------------------------------------------------------------------------------
 # Export and resumable checkpoints (atomic: a tmp folder renamed once complete, with a manifest)
 # ---------------------------------------------------------------------------------------------
-
-
-def export_hf(run: Run, out: Path) -> None:
-    """HF folder (config, model.safetensors, tokenizer) that transformers and vLLM load. LoRA: out is the adapter
-    in PEFT format (with the tokenizer), and with lora.export_merged out/merged the HF folder of the base with the
-    adapter folded in. All ranks call."""
-    lora = run.cfg.lora.rank > 0
-    adapter = adapter_tensors(run.policy) if lora else None
-    state = hf_state(run.policy) if run.cfg.lora.export_merged or not lora else None
-    if run.rank == 0:
-        tmp = out.with_name(out.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        if adapter is not None:
-            save_adapter(run.policy, adapter, tmp, run.tok)
-        if state is not None:
-            save_hf(run.policy.config, state, tmp / "merged" if lora else tmp, run.tok)
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
-    dist.barrier()
 
 
 def save_checkpoint(run: Run, step: int) -> Path:
@@ -789,9 +768,9 @@ def train_loop(run: Run, start: int, steps: int, step_fn, desc: str, evaluate_at
                 print(f"\nstopped by signal after step {step}; checkpoint {path}; continue with --resume=auto")
             return
         if cfg.export_every and step % cfg.export_every == 0 and step != steps:
-            export_hf(run, run.run_dir / "export")
+            export_hf(run.policy, run.tok, run.run_dir / "export", cfg.lora.export_merged)
     bar.close()
-    export_hf(run, run.run_dir / "export")
+    export_hf(run.policy, run.tok, run.run_dir / "export", cfg.lora.export_merged)
     run.counters["loop_seconds"] = time.time() - t_start
 
 
