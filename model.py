@@ -95,7 +95,7 @@ def build_model(path: str, device, trainable: bool, lora=None):
     if model.lm_head.bias is not None or getattr(model.config, "final_logit_softcapping", None):
         raise ConfigError(f"{path}: the packed loss supports an lm_head without bias or logit softcapping")
     model.lm_head = Head(model.lm_head)
-    layers = model.model.layers
+    layers = model.model.layers  # reached this way before PEFT wraps the model
     if not trainable:
         model.requires_grad_(False)
     elif device.type == "cuda":
@@ -168,6 +168,21 @@ def save_adapter(model, tensors: dict, folder: Path, tok=None) -> None:
         tok.save_pretrained(folder)
 
 
+def hf_state(model) -> dict[str, torch.Tensor]:
+    """{HF name: full CPU tensor}, what from_pretrained reads; a LoRA policy's adapters are folded into their base
+    layers, W + (alpha / r) B A (PEFT's merge). A collective: all ranks call."""
+    from peft.tuners.lora import LoraLayer
+    state = {n.removeprefix("base_model.model."): t.cpu().contiguous() for n, t in full_named_tensors(model)}
+    for name, m in model.named_modules():
+        if isinstance(m, LoraLayer):
+            key = name.removeprefix("base_model.model.")
+            a, b = state.pop(f"{key}.lora_A.default.weight"), state.pop(f"{key}.lora_B.default.weight")
+            state[f"{key}.weight"] = state.pop(f"{key}.base_layer.weight") + m.scaling["default"] * (b @ a)  # (out, in)
+            if f"{key}.base_layer.bias" in state:
+                state[f"{key}.bias"] = state.pop(f"{key}.base_layer.bias")
+    return state
+
+
 def save_hf(config, state: dict, folder: Path, tok) -> None:
     """An HF model folder (config, model.safetensors, tokenizer) from hf_state's tensors."""
     from safetensors.torch import save_file
@@ -219,21 +234,6 @@ def trainable_state(model):
     """Checkpoint options: frozen parameters (a LoRA policy's base) are left out, model_path rebuilds them."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions
     return StateDictOptions(ignore_frozen_params=True, strict=all(p.requires_grad for p in model.parameters()))
-
-
-def hf_state(model) -> dict[str, torch.Tensor]:
-    """{HF name: full CPU tensor}, what from_pretrained reads; a LoRA policy's adapters are folded into their base
-    layers, W + (alpha / r) B A (PEFT's merge). A collective: all ranks call."""
-    from peft.tuners.lora import LoraLayer
-    state = {n.removeprefix("base_model.model."): t.cpu().contiguous() for n, t in full_named_tensors(model)}
-    for name, m in model.named_modules():
-        if isinstance(m, LoraLayer):
-            key = name.removeprefix("base_model.model.")
-            a, b = state.pop(f"{key}.lora_A.default.weight"), state.pop(f"{key}.lora_B.default.weight")
-            state[f"{key}.weight"] = state.pop(f"{key}.base_layer.weight") + m.scaling["default"] * (b @ a)  # (out, in)
-            if f"{key}.base_layer.bias" in state:
-                state[f"{key}.bias"] = state.pop(f"{key}.base_layer.bias")
-    return state
 
 
 def adapter_disabled(model):

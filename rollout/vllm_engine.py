@@ -24,13 +24,13 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engin
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache per rank on CPU
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # ranks share the cores with the trainer
 
-import typing
-
 import torch
 from vllm import LLM, SamplingParams
-from vllm.config.lora import MaxLoRARanks
 from vllm.lora.request import LoRARequest
 from vllm.sampling_params import RequestOutputKind
+
+
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts (its LoRAConfig)
 
 
 class EngineStartError(RuntimeError):
@@ -76,7 +76,7 @@ class RolloutEngine:
             kwargs["distributed_executor_backend"] = "external_launcher"
         if cfg.lora_rank:  # vLLM sizes its LoRA buffers from max_lora_rank, one of a fixed set
             kwargs.update(enable_lora=True, max_loras=1,
-                          max_lora_rank=min(r for r in typing.get_args(MaxLoRARanks) if r >= cfg.lora_rank))
+                          max_lora_rank=min(r for r in LORA_RANKS if r >= cfg.lora_rank))
         self.lora: LoRARequest | None = None  # the adapter every new request uses (None: the base model)
         self.sleep_level = 1 if cfg.lora_rank else 2
         if self.on_cuda:
