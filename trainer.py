@@ -587,7 +587,7 @@ def evaluate(run: Run, samples_out: Path | None = None) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# Export and resumable checkpoints (atomic: a tmp folder renamed once complete, with a manifest)
+# Resumable checkpoints (atomic: a tmp folder renamed once complete, with a manifest); the export: model.export_hf
 # ---------------------------------------------------------------------------------------------
 
 
