@@ -196,6 +196,9 @@ def validate(cfg, world: int) -> None:
                           f"{cfg.prime.filter_low}/{cfg.prime.filter_high}")
     if cfg.prime.enabled and cfg.n_samples < 2:
         raise ConfigError("prime.enabled needs n_samples >= 2 (RLOO baselines)")
+    if not 0 <= cfg.lora.rank <= 512 or not 0 <= cfg.lora.dropout < 1 or cfg.lora.alpha <= 0:
+        raise ConfigError(f"lora: rank must be in 0..512 (vLLM's largest LoRA rank), dropout in [0, 1) and alpha > 0, "
+                          f"got rank={cfg.lora.rank} dropout={cfg.lora.dropout} alpha={cfg.lora.alpha}")
     if cfg.resume not in ("off", "auto") and not (Path(cfg.resume) / "manifest.json").is_file():
         raise ConfigError(f"resume={cfg.resume!r}: not off, auto, or a complete checkpoint folder (no manifest.json)")
     max_pos = model_cfg.get("max_position_embeddings")

@@ -2,13 +2,17 @@
 forwards (rows concatenated with no padding) whose head function runs on the hidden states of the response
 tokens, inside FSDP's forward.
 
-    policy = build_model(path, device, trainable=True)
+    policy = build_model(path, device, trainable=True, lora=cfg.lora)     # lora.rank > 0: PEFT adapters only train
     logps = response_logprobs(policy, rows, device, temperature)        # one (T_i,) tensor per Row
     out = packed_forward(policy, rows, device, fn)                       # fn(h (N, H), lm_head weight (V, H))
 """
+import contextlib
 import os
+import shutil
 import socket
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -77,10 +81,11 @@ class Head(torch.nn.Module):
         return F.linear(h, self.weight, self.bias) if self.fn is None else self.fn(h[0], self.weight)
 
 
-def build_model(path: str, device, trainable: bool):
+def build_model(path: str, device, trainable: bool, lora=None):
     """AutoModelForCausalLM from a local folder, lm_head -> Head, fully_shard on every decoder layer and the root.
     fp32 parameters; on CUDA the forward runs in bf16 (MixedPrecisionPolicy), grads reduce in fp32. Attention is
-    packed (kernels/packed_attention.py): flash-attn's varlen kernel when installed on CUDA, else sdpa per row."""
+    packed (kernels/packed_attention.py): flash-attn's varlen kernel when installed on CUDA, else sdpa per row.
+    lora (trainer.LoraConfig) with rank > 0: PEFT adapters are added before wrapping and only they train (add_lora)."""
     import importlib.util
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -93,24 +98,151 @@ def build_model(path: str, device, trainable: bool):
     if model.lm_head.bias is not None or getattr(model.config, "final_logit_softcapping", None):
         raise ConfigError(f"{path}: the packed loss supports an lm_head without bias or logit softcapping")
     model.lm_head = Head(model.lm_head)
+    layers = model.model.layers  # reached this way before PEFT wraps the model
     if not trainable:
         model.requires_grad_(False)
     elif device.type == "cuda":
         model.gradient_checkpointing_enable()
+    if lora is not None and lora.rank > 0:
+        model = add_lora(model, lora)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if device.type == "cuda" \
         else MixedPrecisionPolicy()
-    for layer in model.model.layers:
+    for layer in layers:
         fully_shard(layer, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
     return model
 
 
-def full_named_tensors(model, dtype=None):
-    """(name, full tensor) per parameter, gathering FSDP2 shards (a collective: all ranks iterate)."""
+class GradDropout(torch.nn.Dropout):
+    """LoRA dropout that acts in gradient forwards only (the update's), in train and eval mode alike: no-grad
+    forwards (old log-probs, reference, PRM) and the engine see the adapter without dropout."""
+
+    def forward(self, x):
+        return F.dropout(x, self.p, training=torch.is_grad_enabled())
+
+
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # attention + MLP
+
+
+def add_lora(model, lora):
+    """-> a PEFT model with LoRA adapters (rank r, alpha, dropout) on the modules named lora.target_modules; every
+    other parameter is frozen. B starts at 0: the policy starts as the base model. W x + (alpha / r) B A x."""
+    from peft import LoraConfig, get_peft_model
+    if "lm_head" in lora.target_modules:
+        raise ConfigError("lora.target_modules: lm_head is the packed loss's Head and takes no adapter")
+    try:
+        model = get_peft_model(model, LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                                 target_modules=list(lora.target_modules), task_type="CAUSAL_LM"))
+    except ValueError as e:  # e.g. a target module the model doesn't have
+        raise ConfigError(f"lora.target_modules {lora.target_modules}: {e}") from None
+    for m in model.modules():
+        for name, d in getattr(m, "lora_dropout", {}).items():
+            if isinstance(d, torch.nn.Dropout):
+                m.lora_dropout[name] = GradDropout(d.p)
+    return model
+
+
+def full_named_tensors(model, dtype=None, trainable_only: bool = False):
+    """(name, full tensor) per parameter (trainable_only: per trainable one), gathering FSDP2 shards (a collective:
+    all ranks iterate)."""
     for name, p in model.named_parameters():
+        if trainable_only and not p.requires_grad:
+            continue
         t = p.full_tensor() if hasattr(p, "full_tensor") else p
         yield name, (t.detach() if dtype is None else t.detach().to(dtype))
+
+
+def adapter_tensors(model, dtype=None) -> dict[str, torch.Tensor]:
+    """A LoRA policy's adapter: {PEFT's saved name (...q_proj.lora_A.weight): full tensor}; a collective."""
+    from peft import get_peft_model_state_dict
+    return get_peft_model_state_dict(model, dict(full_named_tensors(model, dtype, trainable_only=True)))
+
+
+def save_adapter(model, tensors: dict, folder: Path, tok=None) -> None:
+    """A PEFT adapter folder (adapter_config.json, adapter_model.safetensors, the tokenizer if given) that PEFT and
+    vLLM load."""
+    from safetensors.torch import save_file
+    folder.mkdir(parents=True, exist_ok=True)
+    model.peft_config["default"].save_pretrained(str(folder))
+    save_file({n: t.cpu().contiguous() for n, t in tensors.items()}, str(folder / "adapter_model.safetensors"),
+              metadata={"format": "pt"})
+    if tok is not None:
+        tok.save_pretrained(folder)
+
+
+def hf_state(model) -> dict[str, torch.Tensor]:
+    """{HF name: full CPU tensor}, what from_pretrained reads; a LoRA policy's adapters are folded into their base
+    layers, W + (alpha / r) B A (PEFT's merge). A collective: all ranks call."""
+    from peft.tuners.lora import LoraLayer
+    state = {n.removeprefix("base_model.model."): t.cpu().contiguous() for n, t in full_named_tensors(model)}
+    for name, m in model.named_modules():
+        if isinstance(m, LoraLayer):
+            key = name.removeprefix("base_model.model.")
+            a, b = state.pop(f"{key}.lora_A.default.weight"), state.pop(f"{key}.lora_B.default.weight")
+            state[f"{key}.weight"] = state.pop(f"{key}.base_layer.weight") + m.scaling["default"] * (b @ a)  # (out, in)
+            if f"{key}.base_layer.bias" in state:
+                state[f"{key}.bias"] = state.pop(f"{key}.base_layer.bias")
+    return state
+
+
+def save_hf(config, state: dict, folder: Path, tok) -> None:
+    """An HF model folder (config, model.safetensors, tokenizer) from hf_state's tensors."""
+    from safetensors.torch import save_file
+    folder.mkdir(parents=True, exist_ok=True)
+    if getattr(config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    config.save_pretrained(folder)
+    tok.save_pretrained(folder)
+
+
+def export_hf(model, tok, out: Path, merged: bool = False) -> None:
+    """HF folder (config, model.safetensors, tokenizer) that transformers and vLLM load. A LoRA policy's is the
+    adapter in PEFT format (with the tokenizer) and, if merged, out/merged: the HF folder of the base with the
+    adapter folded in. Written to out.tmp, renamed once complete; all ranks call (a collective)."""
+    from peft import PeftModel
+    lora = isinstance(model, PeftModel)
+    adapter = adapter_tensors(model) if lora else None
+    state = hf_state(model) if merged or not lora else None
+    if dist.get_rank() == 0:
+        tmp = out.with_name(out.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        if adapter is not None:
+            save_adapter(model, adapter, tmp, tok)
+        if state is not None:
+            save_hf(model.config, state, tmp / "merged" if lora else tmp, tok)
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+    dist.barrier()
+
+
+def push_full(model, engine, dtype=None) -> int:
+    """Every parameter, gathered, into the engine's weights (all ranks); -> bytes."""
+    engine.push_weights(full_named_tensors(model, dtype))
+    return sum(p.numel() * (dtype or p.dtype).itemsize for p in model.parameters())  # numel: the full tensor's
+
+
+def push_adapter(model, engine, dtype=None) -> int:
+    """LoRA: the adapter alone, as a PEFT folder the engine loads under a new LoRARequest; its base weights, loaded
+    from model_path at start, never change (all ranks); -> bytes."""
+    tensors = adapter_tensors(model, dtype)
+    with tempfile.TemporaryDirectory() as folder:
+        save_adapter(model, tensors, Path(folder))
+        engine.load_adapter(folder)
+    return sum(t.nbytes for t in tensors.values())
+
+
+def trainable_state(model):
+    """Checkpoint options: frozen parameters (a LoRA policy's base) are left out, model_path rebuilds them."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    return StateDictOptions(ignore_frozen_params=True, strict=all(p.requires_grad for p in model.parameters()))
+
+
+def adapter_disabled(model):
+    """Context: a LoRA policy runs as its base model (PEFT's disable_adapter); any other model as it is."""
+    from peft import PeftModel
+    return model.disable_adapter() if isinstance(model, PeftModel) else contextlib.nullcontext()
 
 
 @dataclass
@@ -153,13 +285,14 @@ def packed_forward(model, rows: list[Row], device, fn):
         pos += range(len(r))
         keep += range(at + len(r.prompt_ids) - 1, at + len(r) - 1)
         at += len(r)
-    model.lm_head.fn = fn
+    head = model.get_output_embeddings()
+    head.fn = fn
     try:
         return model(input_ids=torch.tensor([ids], device=device), position_ids=torch.tensor([pos], device=device),
                      logits_to_keep=torch.tensor(keep, device=device),
                      **packed_kwargs([len(r) for r in rows], device)).logits
     finally:
-        model.lm_head.fn = None
+        head.fn = None
 
 
 def targets_of(rows: list[Row], device) -> torch.Tensor:

@@ -37,8 +37,9 @@ from launch import StopSignal, check_run_dir, complete_checkpoints, read_manifes
 from data.rows import PromptSource, load_rows, tokenize_prompts, tokenize_sft
 from kernels import fused_linear_ppo_loss
 from kernels.ppo_loss import token_weights
-from model import (DUMMY, Row, all_gather_list, all_max, all_sum, build_model, clip_grad_norm, full_named_tensors,
-                   init_distributed, micro_batches, packed_forward, response_logprobs, split_rows, targets_of)
+from model import (DUMMY, PROJECTIONS, Row, adapter_disabled, all_gather_list, all_max, all_sum, build_model,
+                   clip_grad_norm, export_hf, init_distributed, micro_batches, packed_forward, push_adapter, push_full,
+                   response_logprobs, split_rows, targets_of, trainable_state)
 from rewards.advantages import accuracy_filter, grpo_advantages, rloo_advantages
 from rewards.pool import RewardPool
 from rewards.prime import Prime
@@ -93,6 +94,15 @@ class CorrectionConfig:
 
 
 @dataclass
+class LoraConfig:
+    rank: int = 0  # r of the policy's LoRA adapters (PEFT); 0 = off: full fine-tuning
+    alpha: float = 16.0  # the adapter's update is (alpha / r) B A x
+    dropout: float = 0.0  # dropout on the adapter's input, in the update's (gradient) forwards only
+    target_modules: list[str] = field(default_factory=lambda: list(PROJECTIONS))  # modules given adapters (not lm_head)
+    export_merged: bool = False  # also export export/merged: a full HF folder with the adapter folded in
+
+
+@dataclass
 class Config:
     mode: Literal["rl", "sft", "eval"] = "rl"  # eval: held-out metrics of model_path on eval_data, nothing trained
     model_path: str = ""  # local HF model folder (config.json, safetensors, tokenizer files)
@@ -142,6 +152,7 @@ class Config:
     copris: CoprisConfig = field(default_factory=CoprisConfig)
     prime: PrimeConfig = field(default_factory=PrimeConfig)
     correction: CorrectionConfig = field(default_factory=CorrectionConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 class TrainingError(RuntimeError):
@@ -176,13 +187,14 @@ class Run:
     policy: torch.nn.Module | None = None  # FSDP2 policy (None in eval mode)
     optim: torch.optim.Optimizer | None = None
     sched: torch.optim.lr_scheduler.LambdaLR | None = None
-    ref: torch.nn.Module | None = None  # frozen FSDP2 copy of the initial policy (k3 KL, PRIME reference)
+    ref: torch.nn.Module | None = None  # frozen FSDP2 copy of the initial policy (k3 KL, PRIME); LoRA: the policy
     engine: "RolloutEngine | None" = None
     pool: RewardPool | None = None
     scheduler: CoprisScheduler | None = None
     prompts: PromptSource | None = None
     eval_rows: list = field(default_factory=list)
     # strategies picked at setup (rl_step calls them; none compares a config string)
+    push: typing.Callable | None = None  # weight push to the engine: every tensor, or with LoRA the adapter alone
     keep_group: typing.Callable | None = None  # CoPRIS group filter: dynamic sampling, PRIME's accuracy range
     fill_old: typing.Callable | None = None  # old log-probs: trainer (upfront or from the update) or rollout
     advantages: typing.Callable | None = None  # GRPO, RLOO or PRIME (a Prime object)
@@ -198,13 +210,13 @@ class Run:
 
     # fields state_dict() leaves out on purpose: rebuilt from the config, or derived (tests check the list)
     STATELESS = ("cfg", "rank", "world", "device", "run_dir", "tok", "ref", "engine", "pool", "eval_rows", "keep_group",
-                 "fill_old", "correct", "agg", "sft_data", "engine_version", "sinks")
+                 "push", "fill_old", "correct", "agg", "sft_data", "engine_version", "sinks")
 
     def state_dict(self, step: int) -> tuple[dict, dict, dict]:
         """-> (sharded: model and optimizer states for torch.distributed.checkpoint, this rank's: RNG, prompt
         cursor, CoPRIS buffer, shared: step, versions, counters, LR schedule and SFT order)."""
         from torch.distributed.checkpoint.state_dict import get_state_dict
-        model, optim = get_state_dict(self.policy, self.optim)
+        model, optim = get_state_dict(self.policy, self.optim, options=trainable_state(self.policy))
         sharded = {"policy": model, "optim": optim}
         if isinstance(self.advantages, Prime):
             sharded["prime"] = self.advantages.state_dict()
@@ -219,7 +231,8 @@ class Run:
     def load_state_dict(self, sharded: dict, mine: dict, shared: dict) -> int:
         """Inverse of state_dict (sharded already filled in place by dcp.load); -> the step it was taken after."""
         from torch.distributed.checkpoint.state_dict import set_state_dict
-        set_state_dict(self.policy, self.optim, model_state_dict=sharded["policy"], optim_state_dict=sharded["optim"])
+        set_state_dict(self.policy, self.optim, model_state_dict=sharded["policy"], optim_state_dict=sharded["optim"],
+                       options=trainable_state(self.policy))
         if isinstance(self.advantages, Prime):
             self.advantages.load_state_dict(sharded["prime"])
         torch.set_rng_state(mine["torch_rng"])
@@ -295,7 +308,7 @@ def rl_step(run: Run, step: int) -> dict:
     """One RL step, its phases in order (DESIGN.md section 2); -> this step's metrics (every rank's figures)."""
     t = Timer()
     with t("weight_push"):  # 1. the engine samples with the current policy
-        push_weights_if_stale(run)
+        pushed = push_weights_if_stale(run)
     version = run.policy_version
     with t("rollout"):  # 2. until B/world groups are complete (and kept) on this rank; the rest waits in the buffer
         groups, rstats = run.scheduler.collect(run.engine, run.prompts.draw, version=version, keep_group=run.keep_group)
@@ -313,17 +326,18 @@ def rl_step(run: Run, step: int) -> dict:
             r.weight = run.correct(r.old_logp, torch.tensor(tr.logprobs))
     with t("update"):  # 7. PPO over mini_batches optimizer steps; fills the old log-probs the update computed
         ustats = policy_update(run, rows)
-    return {"step": step, **step_metrics(run, version, trajs, rewards, reasons, rstats, t.s), **ustats, **adv_stats,
-            **mismatch_metrics(run, rows, trajs), **{f"time/{k}": v for k, v in t.s.items()}}  # 8. metrics
+    return {"step": step, "push_bytes": pushed, **step_metrics(run, version, trajs, rewards, reasons, rstats, t.s),
+            **ustats, **adv_stats, **mismatch_metrics(run, rows, trajs),
+            **{f"time/{k}": v for k, v in t.s.items()}}  # 8. metrics
 
 
-def push_weights_if_stale(run: Run) -> None:
-    """Wake the engine and load the policy's current weights into it (all ranks, in lockstep)."""
-    if run.engine_version != run.policy_version:
-        dtype = torch.bfloat16 if run.device.type == "cuda" else None
-        run.engine.push_weights(full_named_tensors(run.policy, dtype))
-        run.engine_version = run.policy_version
+def push_weights_if_stale(run: Run) -> int:
+    """Wake the engine and push the policy into it if stale (run.push: every weight or the LoRA adapter); -> bytes."""
+    stale, dtype = run.engine_version != run.policy_version, torch.bfloat16 if run.device.type == "cuda" else None
+    pushed = run.push(run.policy, run.engine, dtype) if stale else 0
+    run.engine_version = run.policy_version
     run.engine.wake()
+    return pushed
 
 
 def score_groups(run: Run, groups) -> tuple[torch.Tensor, dict]:
@@ -407,8 +421,10 @@ def policy_reference(batch: list[Row]) -> list[torch.Tensor]:
 
 
 def frozen_reference(run: Run, batch: list[Row]) -> list[torch.Tensor]:
-    """Log-probs of the frozen reference copy of the initial policy (runs for an empty batch too: FSDP)."""
-    return response_logprobs(run.ref, batch, run.device, run.cfg.temperature)
+    """Log-probs of the frozen copy of the initial policy, or of the LoRA policy with its adapter disabled: the base
+    model (runs for an empty batch too: FSDP)."""
+    with adapter_disabled(run.ref):
+        return response_logprobs(run.ref, batch, run.device, run.cfg.temperature)
 
 
 def loss_weights(run: Run, rows: list[Row]) -> list[torch.Tensor]:
@@ -548,26 +564,8 @@ def evaluate(run: Run, samples_out: Path | None = None) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# Export and resumable checkpoints (atomic: a tmp folder renamed once complete, with a manifest)
+# Resumable checkpoints (atomic: a tmp folder renamed once complete, with a manifest); the export: model.export_hf
 # ---------------------------------------------------------------------------------------------
-
-
-def export_hf(run: Run, out: Path) -> None:
-    """HF folder (config, model.safetensors, tokenizer) that transformers and vLLM load. All ranks call."""
-    from safetensors.torch import save_file
-    state = {n: t.cpu().contiguous() for n, t in full_named_tensors(run.policy)}
-    if run.rank == 0:
-        tmp = out.with_name(out.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        if getattr(run.policy.config, "tie_word_embeddings", False):
-            state.pop("lm_head.weight", None)
-        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        run.policy.config.save_pretrained(tmp)
-        run.tok.save_pretrained(tmp)
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
-    dist.barrier()
 
 
 def save_checkpoint(run: Run, step: int) -> Path:
@@ -635,8 +633,9 @@ def setup(cfg: Config, trainable: bool = True) -> tuple[Run, Path | None]:
     run = Run(cfg, rank, world, device, Path(cfg.run_dir), tok, sinks=report.metric_sinks(cfg, Path(cfg.run_dir))
               if rank == 0 else [])
     if trainable:
-        run.policy = build_model(cfg.model_path, device, trainable=True)
+        run.policy = build_model(cfg.model_path, device, trainable=True, lora=cfg.lora)
         run.optim, run.sched = make_optimizer(cfg, run.policy, cfg.steps)
+        run.push = push_adapter if cfg.lora.rank else push_full
     return run, ckpt
 
 
@@ -648,7 +647,8 @@ def start_engine(run: Run):
         engine = RolloutEngine(VllmConfig(cfg.model_path, cfg.max_prompt_len + cfg.max_response_len, seed=cfg.seed,
                                           dtype="bfloat16" if run.device.type == "cuda" else "float32",
                                           gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
-                                          max_num_seqs=cfg.engine.max_num_seqs, enforce_eager=cfg.engine.enforce_eager),
+                                          max_num_seqs=cfg.engine.max_num_seqs, enforce_eager=cfg.engine.enforce_eager,
+                                          lora_rank=cfg.lora.rank),
                                distributed=True)
     except EngineStartError as e:
         raise ConfigError(str(e)) from None
@@ -691,9 +691,9 @@ def train_loop(run: Run, start: int, steps: int, step_fn, desc: str, evaluate_at
                 print(f"\nstopped by signal after step {step}; checkpoint {path}; continue with --resume=auto")
             return
         if cfg.export_every and step % cfg.export_every == 0 and step != steps:
-            export_hf(run, run.run_dir / "export")
+            export_hf(run.policy, run.tok, run.run_dir / "export", cfg.lora.export_merged)
     bar.close()
-    export_hf(run, run.run_dir / "export")
+    export_hf(run.policy, run.tok, run.run_dir / "export", cfg.lora.export_merged)
     run.counters["loop_seconds"] = time.time() - t_start
 
 
@@ -720,7 +720,7 @@ def train_rl(cfg: Config) -> None:
     run.prompts = PromptSource(rows, cfg.seed, run.rank, run.world)
     run.pool = RewardPool(cfg.reward_workers, cfg.reward_timeout_s)
     if cfg.kl_coef > 0 or (cfg.prime.enabled and cfg.prime.ref == "frozen"):
-        run.ref = build_model(cfg.model_path, run.device, trainable=False)
+        run.ref = run.policy if cfg.lora.rank else build_model(cfg.model_path, run.device, trainable=False)
     estimator = {"grpo": lambda r, k: grpo_advantages(r, k, cfg.scale_std), "rloo": rloo_advantages}[cfg.advantage]
     run.advantages = Prime(cfg, run.device, policy_reference if cfg.prime.ref == "policy" else
                            lambda batch: frozen_reference(run, batch)) if cfg.prime.enabled \

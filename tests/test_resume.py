@@ -30,6 +30,8 @@ def kill_and_resume(cmd_for, run_dir, steps_key="step"):
 @pytest.mark.parametrize("name, nproc, extra", [
     ("grpo-2ranks", 2, []),
     ("prime-1rank", 1, ["--prime.enabled=true", "--prime.filter_low=0", "--prime.filter_high=1", "--prime.lr=1e-3"]),
+    # LoRA with adapter dropout (the RNG state matters) and k3 KL to the base (the adapter disabled)
+    ("lora-1rank", 1, ["--lora.rank=8", "--lora.dropout=0.1", "--kl_coef=0.01"]),
 ])
 def test_sigkill_then_resume_matches_uninterrupted_run(tiny, tmp_path, name, nproc, extra):
     def cmd(run_dir):
@@ -47,6 +49,13 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tiny, tmp_path, name, npr
     for w, g in zip(want, got):  # exact: same tokens, rewards, losses, grad norms (PRIME: PRM loss too)
         assert g == w, f"{name} step {w['step']}: " + str({k: (w[k], g.get(k)) for k in w if g.get(k) != w[k]})
     assert len(got) == len(want)
+    if "lora" in name:  # the checkpoints hold the adapter and its optimizer state only
+        from torch.distributed.checkpoint import FileSystemReader
+        last = complete_checkpoints(tmp_path / "killed" / "checkpoints")[-1]
+        keys = FileSystemReader(str(last / "dcp")).read_metadata().state_dict_metadata
+        policy = [k for k in keys if k.startswith("policy.")]
+        assert policy and all(".lora_A." in k or ".lora_B." in k for k in policy), f"non-adapter tensors: {policy[:5]}"
+        assert any(k.startswith("optim.state.") for k in keys), f"no optimizer state: {list(keys)[:5]}"
 
 
 def test_sft_resume_matches_uninterrupted_run(tiny, tmp_path):
