@@ -81,11 +81,13 @@ class Head(torch.nn.Module):
         return F.linear(h, self.weight, self.bias) if self.fn is None else self.fn(h[0], self.weight)
 
 
-def build_model(path: str, device, trainable: bool, lora=None):
+def build_model(path: str, device, trainable: bool, lora=None, checkpoint: bool | None = None):
     """AutoModelForCausalLM from a local folder, lm_head -> Head, fully_shard on every decoder layer and the root.
     fp32 parameters; on CUDA the forward runs in bf16 (MixedPrecisionPolicy), grads reduce in fp32. Attention is
     packed (kernels/packed_attention.py): flash-attn's varlen kernel when installed on CUDA, else sdpa per row.
-    lora (trainer.LoraConfig) with rank > 0: PEFT adapters are added before wrapping and only they train (add_lora)."""
+    lora (trainer.LoraConfig) with rank > 0: PEFT adapters are added before wrapping and only they train (add_lora).
+    checkpoint: activation checkpointing of the decoder layers (default: on CUDA, for trainable models); dropout is
+    switched off everywhere (an RL update must see the distribution its old log-probs came from)."""
     import importlib.util
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -99,10 +101,16 @@ def build_model(path: str, device, trainable: bool, lora=None):
         raise ConfigError(f"{path}: the packed loss supports an lm_head without bias or logit softcapping")
     model.lm_head = Head(model.lm_head)
     layers = model.model.layers  # reached this way before PEFT wraps the model
+    for m in model.modules():  # no dropout: the update's forward must give the old log-probs' values
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+        if isinstance(getattr(m, "attention_dropout", None), float):
+            m.attention_dropout = 0.0
     if not trainable:
         model.requires_grad_(False)
-    elif device.type == "cuda":
-        model.gradient_checkpointing_enable()
+    elif checkpoint if checkpoint is not None else device.type == "cuda":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()  # HF checkpoints decoder layers in train mode only (dropout is off above)
     if lora is not None and lora.rank > 0:
         model = add_lora(model, lora)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))

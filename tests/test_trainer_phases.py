@@ -62,6 +62,7 @@ def test_packed_logprobs_and_gradients_match_a_plain_forward(results):
     scale = results[0]["grad_max"]
     for name, diff in results[0]["packed_grad_max_diff"].items():
         assert diff < 1e-5 * max(1.0, scale), f"{name}: gradient differs by {diff} (largest gradient {scale})"
+    assert results[0]["checkpointed_grad_max_diff"] < 1e-6 * max(1.0, scale)  # activation checkpointing: same grads
 
 
 def test_cross_stage_old_logprobs_keep_earlier_stages(results):

@@ -92,6 +92,10 @@ def single_rank_checks(model_dir, device, vocab, out) -> None:
     out["packed_grad_max_diff"] = {n: float((grads[n] - p.grad).abs().max()) for n, p in plain.named_parameters()}
     out["grad_max"] = max(float(p.grad.abs().max()) for p in plain.parameters())
     run.optim.zero_grad(set_to_none=True)
+    ckpt = model.build_model(model_dir, device, trainable=True, checkpoint=True)  # activation checkpointing (CUDA default)
+    torch.stack([lp.sum() for lp in model.response_logprobs(ckpt, rows, device, 0.7)]).sum().backward()
+    out["checkpointed_grad_max_diff"] = max(float(((p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad)
+                                                   - grads[n]).abs().max()) for n, p in ckpt.named_parameters())
 
     # 4. cross-stage old log-probs: stage 1 under version 0, stage 2 under version 1 (perturbed weights)
     trajs = [Trajectory(i, 0, r.prompt_ids, list(r.response), [-1.0 - 0.01 * t for t in range(len(r.response))])
