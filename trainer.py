@@ -497,7 +497,8 @@ def step_metrics(run: Run, version: int, trajs, rewards, reasons: dict, rstats, 
     buffered = sum(len(tr.tokens) for g in run.scheduler.buffer for tr in g.samples)
     (reward, n, tokens, truncated, new_tokens, off_policy, timeouts, errors, buffered, dropped) = all_sum(
         [float(rewards.sum()), len(rewards), sum(lengths), sum(tr.finish_reason == "length" for tr in trajs),
-         rstats.new_tokens, off_policy, reasons.get("timeout", 0), reasons.get("crash", 0) + reasons.get("error", 0),
+         rstats.new_tokens, off_policy, reasons.get("timeout", 0),
+         sum(reasons.get(k, 0) for k in ("crash", "error", "reward_error")),
          buffered, rstats.dropped_groups], run.device)
     every = sorted(all_gather_list(lengths))
     out = {"reward": reward / n, "response_len": tokens / n, "response_len_p50": every[len(every) // 2],
