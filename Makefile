@@ -5,7 +5,7 @@ DEMO    := runs/demo
 export VLLM_LOGGING_LEVEL ?= ERROR
 export PYTHONWARNINGS ?= ignore
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench bench-step clean
 
 install: .venv/.installed
 
@@ -35,6 +35,10 @@ test: install
 
 bench: install
 	$(PY) benchmarks/bench_kernels.py
+
+# The demo job's RL step by phase vs a plain step (builds a small demo job under runs/bench_step without runs/demo).
+bench-step: install
+	$(PY) benchmarks/bench_step.py
 
 clean:
 	rm -rf runs

@@ -49,7 +49,6 @@ import argparse
 import contextlib
 import gc
 import json
-import math
 import os
 import platform
 import random
@@ -242,12 +241,14 @@ def demo_job(args, build: bool) -> tuple[str, str]:
 def demo_worker(args) -> dict:
     """One rank of the demo job: trainer.train_rl with rl_step and policy_update wrapped; -> per-step figures."""
     model_path, train_data = demo_job(args, build=False)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
     cfg = trainer.load_config(["--config", str(ROOT / "configs" / "demo.yaml"), f"--model_path={model_path}",
                                f"--train_data={train_data}", "--eval_data=", f"--run_dir={Path(args.cache) / 'rl'}",
                                "--overwrite=true", f"--batch_groups={args.groups}", f"--n_samples={args.n}",
+                               f"--copris.concurrency={args.concurrency or args.groups // world * args.n}",
                                f"--max_response_len={args.max_response_len}", f"--steps={args.warmup + args.steps}",
                                "--save_every=0"])
-    count, steps, trained = TokenCount(), [], []
+    count, steps, trained, memory, threads = TokenCount(), [], [], {}, []
     rl_step, policy_update, plain = trainer.rl_step, trainer.policy_update, None
 
     def keep_rows(run, rows):
@@ -272,6 +273,8 @@ def demo_worker(args) -> dict:
         seconds = {**wall, **{p: m.get(f"time/{p}", 0.0) for p in PHASES}, **plain(rows)}
         steps.append({**slowest(seconds, run.device), **token_figures(count, run.device),
                       "lengths": all_gather_list([len(r.response) for r in rows])})
+        memory.update(peak_memory(run.device))  # the process group is gone once train_rl returns
+        threads.append(torch.get_num_threads())  # during training: vLLM's CPU worker may have changed it
         return m
 
     trainer.rl_step, trainer.policy_update = timed_step, keep_rows
@@ -280,7 +283,6 @@ def demo_worker(args) -> dict:
     finally:
         trainer.rl_step, trainer.policy_update = rl_step, policy_update
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    memory = peak_memory(device)
     timed_steps = steps[args.warmup:]
     med = {k: statistics.median(s[k] for s in timed_steps) for k in timed_steps[0] if k != "lengths"}
     med["other"] = med["step"] - sum(med[p] for p in PHASES)
@@ -288,7 +290,8 @@ def demo_worker(args) -> dict:
     lengths = sorted(x for s in timed_steps for x in s["lengths"])
     return dict(med=med, memory=memory, lengths=lengths, device=device,
                 shapes=dict(job="demo", model_path=model_path, rows_per_step=args.groups * args.n,
-                            max_response_len=args.max_response_len, nproc=int(os.environ["WORLD_SIZE"]),
+                            max_response_len=args.max_response_len, nproc=world,
+                            concurrency_per_rank=cfg.copris.concurrency, torch_threads=threads[-1],
                             steps=args.steps, warmup=args.warmup))
 
 
@@ -431,7 +434,7 @@ def synthetic_worker(args) -> dict:
                             args.n * world, buffered_per_rank=args.buffered, max_prompt_len=args.max_prompt_len,
                             max_response_len=args.max_response_len, token_budget=args.token_budget,
                             old_logprobs=args.old_logprobs, nproc=world, steps=args.steps, warmup=args.warmup,
-                            param_dtype="fp32", compute_dtype="bf16" if device.type == "cuda" else "fp32",
+                            torch_threads=torch.get_num_threads(), param_dtype="fp32", compute_dtype="bf16" if device.type == "cuda" else "fp32",
                             attention=run_attention(device)))
 
 
@@ -472,11 +475,10 @@ def versions() -> dict:
 def device_name(device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name()
-    return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, " \
-           f"{torch.get_num_threads()} threads per rank)"
+    return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
 
 
-def report(args, res: dict) -> None:
+def report(args, res: dict) -> dict:
     med, device = res["med"], res["device"]
     step = med["step"]
     phases = PHASES + ("other",) if not args.synthetic else ("old_logprobs", "update")
@@ -505,6 +507,7 @@ def report(args, res: dict) -> None:
                    response_len_quantiles=[lengths[min(len(lengths) - 1, round(q * (len(lengths) - 1) / 20))]
                                            for q in range(21)])
     print(json.dumps(out))
+    return out
 
 
 def main() -> int:
@@ -529,6 +532,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=0,
                     help="synthetic: torch threads per rank (0: the trainer's choice, cores / ranks)")
     ap.add_argument("--peak_tflops", type=float, default=989.0, help="per-device dense bf16 peak for MFU")
+    ap.add_argument("--concurrency", type=int, default=None,
+                    help="demo: CoPRIS requests in flight per rank (default groups per rank x n: 64 at 8 groups, "
+                         "the demo's ratio)")
     ap.add_argument("--cache", default=str(ROOT / "runs" / "bench_step"), help="demo: built job and run dir")
     ap.add_argument("--sft_steps", type=int, default=200, help="demo: SFT steps when building the job")
     args = ap.parse_args()
@@ -548,7 +554,8 @@ def main() -> int:
         report(args, res)
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
-    return 0
+    ckpt = res.get("extra", {}).get("checkpoint")
+    return 1 if ckpt and not ckpt["ok"] else 0  # a failed round trip fails the GPU check's step
 
 
 if __name__ == "__main__":

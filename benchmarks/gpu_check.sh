@@ -15,7 +15,7 @@
 #
 # Writes OUT_DIR/<step>.log for each step, OUT_DIR/<step>.json (a benchmark's JSON line, the env step's versions)
 # and OUT_DIR/summary.txt (one line per step: name, exit status, seconds). Every step runs whatever happened before;
-# the exit status is 1 if any step failed or timed out.
+# the exit status is 1 if any step failed or timed out. The dry run gives each step 5x its limit (a shared CPU).
 set -uo pipefail
 dry=0
 if [ "${1:-}" = "--cpu-dry-run" ]; then
@@ -28,9 +28,11 @@ out=$(cd "$out" && pwd)
 cd "$(dirname "$0")/.."
 if [ "$dry" = 1 ]; then
     py=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
+    scale=5
     export CUDA_VISIBLE_DEVICES=""
 else
     py=${PYTHON:-python3}
+    scale=1
 fi
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
 if compgen -G ".whl/liger_kernel-*.whl" >/dev/null; then
@@ -40,10 +42,10 @@ fi
 : >"$out/summary.txt"
 failed=0
 
-# step NAME LIMIT_S CMD...: run CMD with a time limit, output to NAME.log (and the console), its last line to
+# step NAME LIMIT_S CMD...: run CMD with a time limit (x scale), output to NAME.log (and the console), its last line to
 # NAME.json when that is JSON; one line in summary.txt.
 step() {
-    local name=$1 limit=$2
+    local name=$1 limit=$(($2 * scale))
     shift 2
     echo "=== $name (limit ${limit}s): $*"
     local t0=$SECONDS
