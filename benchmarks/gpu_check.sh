@@ -2,16 +2,18 @@
 # The GPU check (issue 19), about 8 minutes on one H200, on the machine's own torch/transformers/triton (no vLLM:
 # nothing here imports it). Each step has its own time limit, so one hang cannot eat the budget:
 #   env       versions vs requirements.txt's pins (a difference is reported, never fatal); trainer/model import
-#             without pulling vllm in                                                                  60 s
-#   tests     tests/test_kernels.py on CUDA (large shapes included)                                   150 s
-#   kernels   bench_kernels.py --quick (T=16384, V=151936, bf16), against Liger when its wheel is in .whl/   120 s
+#             without pulling vllm in                                                                   45 s
+#   tests     tests/test_kernels.py on CUDA (large shapes included)                                    120 s
+#   kernels   bench_kernels.py --quick (T=16384, V=151936, bf16), against Liger when its wheel is in .whl/  90 s
 #   step      bench_step.py --synthetic --size 1.5b --max_response_len 8192: the trainer's training side
-#             (packed forwards, FSDP2, bf16 mixed precision, activation checkpointing) vs plain transformers 240 s
+#             (packed forwards, FSDP2, bf16 mixed precision, activation checkpointing) vs plain transformers 150 s
 #   ckpt      bench_step.py --synthetic --size 0.5b --checkpoint: one FSDP2 bf16 update, save_checkpoint,
-#             one more update, load_checkpoint: the loaded weights must equal the saved ones exactly   150 s
+#             one more update, load_checkpoint: the loaded weights must equal the saved ones exactly    90 s
+# The limits add up to 495 s; expected total about 6 minutes.
 #
 #   bash benchmarks/gpu_check.sh OUT_DIR                 # the GPU machine (device tool: OUT_DIR=$OUT, carry .whl)
 #   bash benchmarks/gpu_check.sh --cpu-dry-run OUT_DIR   # every step at tiny sizes on CPU (checks the script)
+#   GPU_CHECK_ONLY="step ckpt" bash benchmarks/gpu_check.sh OUT_DIR   # a rerun of some steps only
 #
 # Writes OUT_DIR/<step>.log for each step, OUT_DIR/<step>.json (a benchmark's JSON line, the env step's versions)
 # and OUT_DIR/summary.txt (one line per step: name, exit status, seconds). Every step runs whatever happened before;
@@ -47,6 +49,9 @@ failed=0
 step() {
     local name=$1 limit=$(($2 * scale))
     shift 2
+    if [ -n "${GPU_CHECK_ONLY:-}" ] && [[ " $GPU_CHECK_ONLY " != *" $name "* ]]; then
+        return
+    fi
     echo "=== $name (limit ${limit}s): $*"
     local t0=$SECONDS
     timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$out/$name.log"
@@ -69,7 +74,7 @@ fi
 
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 || true; } \
     >"$out/nvidia-smi.txt"
-step env 60 "$py" -c "
+step env 45 "$py" -c "
 import json, sys
 sys.path.insert(0, 'benchmarks')
 import bench_step, model, trainer
@@ -81,9 +86,9 @@ import torch
 print('cuda available:', torch.cuda.is_available())
 print(json.dumps(v))
 "
-step tests 150 "$py" -m pytest -q -p no:cacheprovider tests/test_kernels.py
-step kernels 120 "$py" benchmarks/bench_kernels.py "${kernel_bench[@]}"
-step step 240 "$py" benchmarks/bench_step.py --synthetic "${step_bench[@]}"
-step ckpt 150 "$py" benchmarks/bench_step.py --synthetic --checkpoint "${ckpt_bench[@]}"
+step tests 120 "$py" -m pytest -q -p no:cacheprovider tests/test_kernels.py
+step kernels 90 "$py" benchmarks/bench_kernels.py "${kernel_bench[@]}"
+step step 150 "$py" benchmarks/bench_step.py --synthetic "${step_bench[@]}"
+step ckpt 90 "$py" benchmarks/bench_step.py --synthetic --checkpoint "${ckpt_bench[@]}"
 cat "$out/summary.txt"
 exit "$failed"
