@@ -15,11 +15,11 @@ the benchmark wraps trainer.rl_step to time each step (wall clock, slowest rank)
 (slowest rank per phase; "other" = wall minus the phases), and trainer.policy_update to keep the step's trained
 rows, on which the plain step then runs in the same process. Median over the steps after --warmup.
 
-Synthetic (--synthetic; issue 19). The training side of a step with no engine: random-token rollouts of --groups x
---n rows per rank, prompts uniform in [P/2, P] tokens (P = --max_prompt_len, one per group), response lengths drawn
-from the demo's measured length law (DEMO_RESPONSE_LEN) scaled by max_response_len / 160, random 0/1 rewards (GRPO
-advantages), plus --buffered partial trajectories standing for the CoPRIS buffer (their old log-probs need a
-forward now; partial length uniform in [1, a law draw]). A Qwen2.5-class model (SIZES) with random weights, built
+Synthetic (--synthetic; issue 19). The training side of a step with no engine: random-token rollouts of --groups
+x --n_samples rows per rank, prompts uniform in [P/2, P] tokens (P = --max_prompt_len, one per group), response
+lengths drawn from the demo's measured length law (DEMO_RESPONSE_LEN) scaled by max_response_len / 160, random 0/1
+rewards (GRPO advantages), plus --buffered partial trajectories standing for the CoPRIS buffer (their old log-probs
+need a forward now; partial length uniform in [1, a law draw]). A Qwen2.5-class model (SIZES) with random weights, built
 on the device by model.build_model's own wrapping (lm_head hook, fully_shard per layer and root, bf16
 MixedPrecisionPolicy and gradient checkpointing on CUDA). Each step runs trainer.old_from_update (--old_logprobs
 update: the buffer's forward only; upfront: trainer.old_upfront, every row) and trainer.policy_update: the
@@ -244,8 +244,8 @@ def demo_worker(args) -> dict:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     cfg = trainer.load_config(["--config", str(ROOT / "configs" / "demo.yaml"), f"--model_path={model_path}",
                                f"--train_data={train_data}", "--eval_data=", f"--run_dir={Path(args.cache) / 'rl'}",
-                               "--overwrite=true", f"--batch_groups={args.groups}", f"--n_samples={args.n}",
-                               f"--copris.concurrency={args.concurrency or args.groups // world * args.n}",
+                               "--overwrite=true", f"--batch_groups={args.groups}", f"--n_samples={args.n_samples}",
+                               f"--copris.concurrency={args.concurrency or args.groups // world * args.n_samples}",
                                f"--max_response_len={args.max_response_len}", f"--steps={args.warmup + args.steps}",
                                "--save_every=0"])
     count, steps, trained, memory, threads = TokenCount(), [], [], {}, []
@@ -289,7 +289,7 @@ def demo_worker(args) -> dict:
     med["plain_step"] = med["rollout"] + med["plain_fwd_bwd"] + med["plain_optim"]
     lengths = sorted(x for s in timed_steps for x in s["lengths"])
     return dict(med=med, memory=memory, lengths=lengths, device=device,
-                shapes=dict(job="demo", model_path=model_path, rows_per_step=args.groups * args.n,
+                shapes=dict(job="demo", model_path=model_path, rows_per_step=args.groups * args.n_samples,
                             max_response_len=args.max_response_len, nproc=world,
                             concurrency_per_rank=cfg.copris.concurrency, torch_threads=threads[-1],
                             steps=args.steps, warmup=args.warmup))
@@ -337,7 +337,7 @@ def synthetic_rollout(args, rng: random.Random, vocab: int):
     for g in range(args.groups):
         prompt = tokens(rng.randint(max(1, args.max_prompt_len // 2), args.max_prompt_len))
         trained += [Trajectory(g, i, prompt, tokens(response_length(rng, args.max_response_len)))
-                    for i in range(args.n)]
+                    for i in range(args.n_samples)]
     buffered = [Trajectory(args.groups + i, 0, tokens(rng.randint(max(1, args.max_prompt_len // 2),
                                                                   args.max_prompt_len)),
                            tokens(rng.randint(1, response_length(rng, args.max_response_len))))
@@ -380,13 +380,13 @@ def synthetic_worker(args) -> dict:
     run_dir = Path(tempfile.mkdtemp(prefix="bench_step_")) if rank == 0 else None
     run_dir = Path(all_gather_list([str(run_dir)])[0])
     cfg = trainer.Config(max_prompt_len=args.max_prompt_len, max_response_len=args.max_response_len,
-                         n_samples=args.n, batch_groups=args.groups * world, token_budget=args.token_budget,
+                         n_samples=args.n_samples, batch_groups=args.groups * world, token_budget=args.token_budget,
                          lr=1e-6, run_dir=str(run_dir), keep_checkpoints=1)
     run = trainer.Run(cfg, rank, world, device, run_dir, tok=None, policy=random_policy(qcfg, device, args.size))
     run.optim, run.sched = trainer.make_optimizer(cfg, run.policy, args.warmup + args.steps + 1)
     run.agg = trainer.AGG_WEIGHT[cfg.loss_agg]
     fill_old = {"update": trainer.old_from_update, "upfront": trainer.old_upfront}[args.old_logprobs]
-    advantages = trainer.group_advantages(lambda r, k: grpo_advantages(r, k, cfg.scale_std), args.n)
+    advantages = trainer.group_advantages(lambda r, k: grpo_advantages(r, k, cfg.scale_std), args.n_samples)
     count, rng, steps, trained = TokenCount(), random.Random(1000 + rank), [], []
     count.watch(run.policy)
     n_matmul = matmul_params(run.policy)
@@ -430,11 +430,12 @@ def synthetic_worker(args) -> dict:
         import shutil
         shutil.rmtree(run_dir, ignore_errors=True)
     return dict(med=med, memory=memory, extra=extra, device=device,
-                shapes=dict(job="synthetic", size=args.size, arch=SIZES[args.size], rows_per_step=args.groups *
-                            args.n * world, buffered_per_rank=args.buffered, max_prompt_len=args.max_prompt_len,
-                            max_response_len=args.max_response_len, token_budget=args.token_budget,
-                            old_logprobs=args.old_logprobs, nproc=world, steps=args.steps, warmup=args.warmup,
-                            torch_threads=torch.get_num_threads(), param_dtype="fp32", compute_dtype="bf16" if device.type == "cuda" else "fp32",
+                shapes=dict(job="synthetic", size=args.size, arch=SIZES[args.size],
+                            rows_per_step=args.groups * args.n_samples * world, buffered_per_rank=args.buffered,
+                            max_prompt_len=args.max_prompt_len, max_response_len=args.max_response_len,
+                            token_budget=args.token_budget, old_logprobs=args.old_logprobs, nproc=world,
+                            steps=args.steps, warmup=args.warmup, torch_threads=torch.get_num_threads(),
+                            param_dtype="fp32", compute_dtype="bf16" if device.type == "cuda" else "fp32",
                             attention=run_attention(device)))
 
 
@@ -519,7 +520,7 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     ap.add_argument("--groups", type=int, default=None,
                     help="prompt groups per step (demo: over all ranks, default 8; synthetic: per rank, default 8)")
-    ap.add_argument("--n", type=int, default=8, help="samples per prompt")
+    ap.add_argument("--n_samples", type=int, default=8, help="samples per prompt")
     ap.add_argument("--max_response_len", type=int, default=160)
     ap.add_argument("--max_prompt_len", type=int, default=256, help="synthetic: prompts uniform in [P/2, P]")
     ap.add_argument("--token_budget", type=int, default=8192, help="synthetic: micro-batch tokens")
@@ -539,12 +540,13 @@ def main() -> int:
     ap.add_argument("--sft_steps", type=int, default=200, help="demo: SFT steps when building the job")
     args = ap.parse_args()
     args.groups = args.groups or 8
-    args.buffered = args.groups * args.n if args.buffered is None else args.buffered
+    args.buffered = args.groups * args.n_samples if args.buffered is None else args.buffered
     if "RANK" not in os.environ and args.nproc > 1:  # the parent: build the job once, then start the ranks
         if not args.synthetic:
             demo_job(args, build=True)
+        rest = [a for i, a in enumerate(sys.argv[1:]) if not a.startswith("--nproc") and sys.argv[i] != "--nproc"]
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
-               __file__, *sys.argv[1:]]
+               __file__, *rest]  # the ranks read the world size from torchrun's env
         return subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1)
                                                                                     // args.nproc))}).returncode
     if not args.synthetic and "RANK" not in os.environ:

@@ -64,12 +64,14 @@ step() {
 
 if [ "$dry" = 1 ]; then  # tiny sizes, CPU
     kernel_bench=(--n 256 --v 1024 --rounds 1)
-    step_bench=(--size tiny --max_prompt_len 16 --max_response_len 64 --groups 2 --n 4 --steps 1 --warmup 1 --threads 1)
-    ckpt_bench=(--size tiny --max_prompt_len 16 --max_response_len 32 --groups 1 --n 2 --steps 1 --warmup 0 --threads 1)
+    step_bench=(--size tiny --max_prompt_len 16 --max_response_len 64 --groups 2 --n_samples 4 --steps 1 --warmup 1
+                --threads 1)
+    ckpt_bench=(--size tiny --max_prompt_len 16 --max_response_len 32 --groups 1 --n_samples 2 --steps 1 --warmup 0
+                --threads 1)
 else
     kernel_bench=(--quick --budget-s 60)
     step_bench=(--size 1.5b --max_response_len 8192 --steps 3 --warmup 1)
-    ckpt_bench=(--size 0.5b --max_response_len 1024 --groups 2 --n 4 --steps 1 --warmup 0)
+    ckpt_bench=(--size 0.5b --max_response_len 1024 --groups 2 --n_samples 4 --steps 1 --warmup 0)
 fi
 
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 || true; } \

@@ -14,8 +14,8 @@ KEYS = ("step_s", "plain_step_s", "step_vs_plain", "update_vs_plain_fwd_bwd", "p
 
 def test_synthetic_tiny_json_line():
     cmd = [sys.executable, "benchmarks/bench_step.py", "--synthetic", "--size", "tiny", "--steps", "2", "--warmup",
-           "1", "--groups", "2", "--n", "2", "--max_prompt_len", "16", "--max_response_len", "32", "--threads", "1",
-           "--checkpoint"]
+           "1", "--groups", "2", "--n_samples", "2", "--max_prompt_len", "16", "--max_response_len", "32",
+           "--threads", "1", "--checkpoint"]
     p = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONWARNINGS": "ignore"}, capture_output=True, text=True,
                        timeout=600)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
