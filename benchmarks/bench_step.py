@@ -19,9 +19,9 @@ Synthetic (--synthetic; issue 19). The training side of a step with no engine: r
 x --n_samples rows per rank, prompts uniform in [P/2, P] tokens (P = --max_prompt_len, one per group), response
 lengths drawn from the demo's measured length law (DEMO_RESPONSE_LEN) scaled by max_response_len / 160, random 0/1
 rewards (GRPO advantages), plus --buffered partial trajectories standing for the CoPRIS buffer (their old log-probs
-need a forward now; partial length uniform in [1, a law draw]). A Qwen2.5-class model (SIZES) with random weights, built
-on the device by model.build_model's own wrapping (lm_head hook, fully_shard per layer and root, bf16
-MixedPrecisionPolicy and gradient checkpointing on CUDA). Each step runs trainer.old_from_update (--old_logprobs
+need a forward now): requests caught in flight, so a full length drawn in proportion to length, then a uniform point
+of it. A Qwen2.5-class model (SIZES) with random weights, built on the device by model.build_model's own wrapping
+(lm_head hook, fully_shard per layer and root, bf16 MixedPrecisionPolicy and gradient checkpointing on CUDA). Each step runs trainer.old_from_update (--old_logprobs
 update: the buffer's forward only; upfront: trainer.old_upfront, every row) and trainer.policy_update: the
 trainer's packed forwards, loss and AdamW. --checkpoint: then trainer.save_checkpoint, one more update, and
 trainer.load_checkpoint, which must give back the saved parameters exactly. The plain step runs after the
@@ -30,10 +30,12 @@ trainer's model is freed, on the same rows, so each peak memory is its own.
 Plain step: the unavoidable work of the same step as a user would write it with plain transformers. Demo job: the
 run's own rollout seconds + plain forward+backward + plain optimizer step; synthetic: the last two. Plain
 forward+backward: the same architecture and initial weights, no FSDP, no hooks, attn_implementation="sdpa",
-fp32 parameters (bf16 autocast on CUDA, no gradient checkpointing); exactly the rows trained, nothing padded: rows
-of equal length share one (b, L) batch (causal sdpa, at most token_budget tokens), logits for the response
-positions only (logits_to_keep), log_softmax + gather in fp32, PPO-clip token-mean loss on the rows' old log-probs
-and advantages. Plain optimizer step: clip_grad_norm_ + torch AdamW (the trainer's lr and clip). With N ranks each
+fp32 parameters (bf16 autocast on CUDA, no gradient checkpointing), exactly the rows trained, logits for the
+response positions only (logits_to_keep), log_softmax + gather in fp32, PPO-clip token-mean loss on the rows' old
+log-probs and advantages; batches of at most token_budget tokens, formed two simple ways, both timed, the faster
+counts: "exact" (rows of equal length share one (b, L) batch, causal sdpa: nothing padded, but one call per
+distinct length) and "padded" (rows sorted by length, right-padded to each micro-batch's longest, attention
+mask). Plain optimizer step: clip_grad_norm_ + torch AdamW (the trainer's lr and clip). With N ranks each
 rank runs it on its own rows, concurrently (data-parallel replicas without gradient all-reduce); the slowest counts.
 
 Tokens: real = prompt + response tokens of the rows handed to model.packed_forward (its 1-token DUMMY rows not
@@ -83,11 +85,13 @@ SIZES = {
     "7b": dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
                intermediate_size=18944, vocab_size=151936, tie_word_embeddings=False),
 }
-# The demo job's response lengths (tokens, max_response_len 160): quantiles at 0, 5, ..., 100% of the trained rows
-# of a bench_step.py demo run (10 timed steps x 64 rows); the synthetic law interpolates between them.
-DEMO_RESPONSE_LEN = [9, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31, 34, 37, 40, 44, 49, 56, 67, 86, 128, 160]
+# The demo job's response lengths (tokens, max_response_len 160): quantiles at 0, 5, ..., 100% of the 640 trained rows
+# of a demo-job run of this script (2026-12-01: the cached job with a 60-step SFT model, 10 timed steps; p50 22,
+# p90 50). A run on `make demo`'s model prints its own as response_len_quantiles. The synthetic law interpolates.
+DEMO_RESPONSE_LEN = [2, 13, 13, 13, 13, 14, 15, 15, 20, 21, 22, 23, 24, 29, 30, 32, 36, 41, 49, 66, 113]
 DEMO_MAX_LEN = 160
 PHASES = ("weight_push", "rollout", "reward", "old_logprobs", "advantages", "update")
+PLAIN_WAYS = ("plain_fwd_bwd_exact", "plain_fwd_bwd_padded")  # plain_fwd_bwd is the faster of the two
 
 
 def sync(device) -> None:
@@ -150,14 +154,18 @@ class TokenCount:
 
 # ---------------------------------------------------------------- plain step
 class PlainStep:
-    """The plain baseline's training side (module docstring): plain transformers model + AdamW; one call is one
-    forward+backward over exactly `rows` (equal-length rows batched, nothing padded), then clip + AdamW."""
+    """The plain baseline's training side (module docstring): a plain transformers model + AdamW. One call runs
+    forward+backward over exactly `rows` twice, batched two simple ways, and keeps the faster (the best simple
+    thing a user would write): "exact" (rows of equal length share a batch: nothing padded, more calls) and
+    "padded" (rows sorted by length, right-padded to the longest of each micro-batch: fewer calls, some
+    padding); then clip + AdamW once."""
 
     def __init__(self, model, cfg, device):
         self.model, self.cfg, self.device = model.train(), cfg, device
         self.optim = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
 
-    def batches(self, rows: list[Row]) -> list[list[Row]]:
+    def exact_batches(self, rows: list[Row]) -> list[list[Row]]:
+        """Rows of equal length together, at most token_budget tokens a batch."""
         by_len: dict[int, list[Row]] = {}
         for r in rows:
             by_len.setdefault(len(r), []).append(r)
@@ -167,31 +175,48 @@ class PlainStep:
             out += [same[i:i + per] for i in range(0, len(same), per)]
         return out
 
+    def padded_batches(self, rows: list[Row]) -> list[list[Row]]:
+        """Longest rows first; a batch grows while (rows x its longest row) fits token_budget."""
+        out: list[list[Row]] = []
+        for r in sorted(rows, key=len, reverse=True):
+            if out and (len(out[-1]) + 1) * len(out[-1][0]) <= self.cfg.token_budget:
+                out[-1].append(r)
+            else:
+                out.append([r])
+        return out
+
     def loss(self, rows: list[Row], n_tokens: int) -> torch.Tensor:
-        """PPO-clip loss of one equal-length batch, as a share of the step's token mean."""
-        L, P = len(rows[0]), min(len(r.prompt_ids) for r in rows)
+        """PPO-clip loss of one batch (right-padded when lengths differ), as a share of the step's token mean."""
+        L, P = max(map(len, rows)), min(len(r.prompt_ids) for r in rows)
         keep = L - P + 1  # logits of the last `keep` positions: every response token's predicting position
+        ids = torch.zeros(len(rows), L, dtype=torch.long)
+        attn = torch.zeros(len(rows), L, dtype=torch.long)
         tgt, old, adv, mask = (torch.zeros(len(rows), keep, dtype=dt) for dt in (torch.long, torch.float32,
                                                                                torch.float32, torch.bool))
         for j, r in enumerate(rows):
+            ids[j, :len(r)], attn[j, :len(r)] = torch.tensor(r.prompt_ids + r.response), 1
             sl = slice(len(r.prompt_ids) - 1 - (L - keep), len(r.prompt_ids) - 1 - (L - keep) + len(r.response))
             tgt[j, sl], old[j, sl], adv[j, sl], mask[j, sl] = torch.tensor(r.response), r.old_logp, r.adv, True
-        tgt, old, adv, mask = (x.to(self.device) for x in (tgt, old, adv, mask))  # (b, keep) each
-        ids = torch.tensor([r.prompt_ids + r.response for r in rows], device=self.device)  # (b, L)
+        ids, tgt, old, adv, mask = (x.to(self.device) for x in (ids, tgt, old, adv, mask))  # (b, L), (b, keep) x4
+        padded = bool((attn == 0).any())  # equal lengths: no mask, sdpa's causal fast path
         with torch.autocast("cuda", torch.bfloat16, enabled=self.device.type == "cuda"):
-            logits = self.model(input_ids=ids, logits_to_keep=keep).logits  # (b, keep, V)
+            logits = self.model(input_ids=ids, attention_mask=attn.to(self.device) if padded else None,
+                                logits_to_keep=keep).logits  # (b, keep, V)
         logp = torch.log_softmax(logits.float(), -1).gather(-1, tgt[..., None])[..., 0]  # (b, keep)
         ratio = torch.exp(logp - old)
         surr = torch.minimum(ratio * adv, ratio.clamp(1 - self.cfg.clip_low, 1 + self.cfg.clip_high) * adv)
         return -(surr * mask).sum() / n_tokens
 
     def __call__(self, rows: list[Row]) -> dict:
-        """-> {"plain_fwd_bwd": s, "plain_optim": s}"""
+        """-> seconds: plain_fwd_bwd (the faster way), plain_fwd_bwd_exact, plain_fwd_bwd_padded, plain_optim."""
         out: dict = {}
         n_tokens = sum(len(r.response) for r in rows)
-        with timed(out, "plain_fwd_bwd", self.device):
-            for batch in self.batches(rows):
-                self.loss(batch, n_tokens).backward()
+        for way, batches in (("exact", self.exact_batches), ("padded", self.padded_batches)):
+            self.optim.zero_grad(set_to_none=True)
+            with timed(out, f"plain_fwd_bwd_{way}", self.device):
+                for batch in batches(rows):
+                    self.loss(batch, n_tokens).backward()
+        out["plain_fwd_bwd"] = min(out["plain_fwd_bwd_exact"], out["plain_fwd_bwd_padded"])
         with timed(out, "plain_optim", self.device):
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
             self.optim.step()
@@ -329,6 +354,15 @@ def response_length(rng: random.Random, max_len: int) -> int:
     return max(1, min(max_len, round(x * max_len / DEMO_MAX_LEN)))
 
 
+def in_flight_length(rng: random.Random, max_len: int) -> int:
+    """The length so far of a request caught in flight: its full length drawn in proportion to length (a long
+    request stays in flight longer), then a uniform point of it."""
+    while True:
+        L = response_length(rng, max_len)
+        if rng.random() * max_len < L:
+            return rng.randint(1, L)
+
+
 def synthetic_rollout(args, rng: random.Random, vocab: int):
     """-> (trained trajectories in group order, buffered partial trajectories, rewards (B,))."""
     def tokens(k):
@@ -340,7 +374,7 @@ def synthetic_rollout(args, rng: random.Random, vocab: int):
                     for i in range(args.n_samples)]
     buffered = [Trajectory(args.groups + i, 0, tokens(rng.randint(max(1, args.max_prompt_len // 2),
                                                                   args.max_prompt_len)),
-                           tokens(rng.randint(1, response_length(rng, args.max_response_len))))
+                           tokens(in_flight_length(rng, args.max_response_len)))
                 for i in range(args.buffered)]
     rewards = torch.tensor([float(rng.random() < 0.5) for _ in trained])  # (B,)
     return trained, buffered, rewards
@@ -489,6 +523,7 @@ def report(args, res: dict) -> dict:
     rows += [dict(step="plain", phase=p, s=round(med[p], 4), share=round(med[p] / med["plain_step"], 3))
              for p in plain]
     rows.append(dict(step="plain", phase="total", s=round(med["plain_step"], 4), share=1.0))
+    rows += [dict(step="plain", phase=f"({p})", s=round(med[p], 4)) for p in PLAIN_WAYS]
     print_table(rows, ["step", "phase", "s", "share"])
     padding = 1 - med["real_tokens"] / max(1, med["computed_tokens"])
     print(f"tokens per step (median): real {med['real_tokens']:.0f} (trained {med['trained_tokens']:.0f}, "
@@ -498,7 +533,7 @@ def report(args, res: dict) -> dict:
                step_s=step, plain_step_s=med["plain_step"], step_vs_plain=step / med["plain_step"],
                update_vs_plain_fwd_bwd=med["update"] / med["plain_fwd_bwd"], padding_frac=padding,
                old_logprob_share=med["old_logprobs"] / step, **res["memory"],
-               **{f"{p}_s": med[p] for p in phases + plain}, real_tokens=med["real_tokens"],
+               **{f"{p}_s": med[p] for p in phases + plain + PLAIN_WAYS}, real_tokens=med["real_tokens"],
                computed_tokens=med["computed_tokens"], trained_tokens=med["trained_tokens"],
                forward_only_tokens=med["forward_only_tokens"], **res.get("extra", {}))
     lengths = res.get("lengths")
