@@ -21,11 +21,12 @@ lengths drawn from the demo's measured length law (DEMO_RESPONSE_LEN) scaled by 
 rewards (GRPO advantages), plus --buffered partial trajectories standing for the CoPRIS buffer (their old log-probs
 need a forward now): requests caught in flight, so a full length drawn in proportion to length, then a uniform point
 of it. A Qwen2.5-class model (SIZES) with random weights, built on the device by model.build_model's own wrapping
-(lm_head hook, fully_shard per layer and root, bf16 MixedPrecisionPolicy and gradient checkpointing on CUDA). Each step runs trainer.old_from_update (--old_logprobs
-update: the buffer's forward only; upfront: trainer.old_upfront, every row) and trainer.policy_update: the
-trainer's packed forwards, loss and AdamW. --checkpoint: then trainer.save_checkpoint, one more update, and
-trainer.load_checkpoint, which must give back the saved parameters exactly. The plain step runs after the
-trainer's model is freed, on the same rows, so each peak memory is its own.
+(lm_head hook, fully_shard per layer and root, bf16 MixedPrecisionPolicy and gradient checkpointing on CUDA).
+Each step runs trainer.old_from_update (--old_logprobs update: the buffer's forward only; upfront:
+trainer.old_upfront, every row) and trainer.policy_update: the trainer's packed forwards, loss and AdamW.
+--checkpoint: then trainer.save_checkpoint, one more update, and trainer.load_checkpoint, which must give back the
+saved parameters exactly. The plain step runs after the trainer's model is freed, on the same rows, so each peak
+memory is its own.
 
 Plain step: the unavoidable work of the same step as a user would write it with plain transformers. Demo job: the
 run's own rollout seconds + plain forward+backward + plain optimizer step; synthetic: the last two. Plain
@@ -45,7 +46,8 @@ trained (grad enabled) and forward-only (no grad: old log-probs, reference) toke
 MFU (CUDA): N = parameters doing matmuls (embedding excluded unless tied to the lm_head); 6N FLOPs per trained real
 token + 2N per forward-only one, attention's quadratic term not counted, over step_s x ranks x --peak_tflops.
 Memory: CPU peak RSS (VmHWM) per rank, the largest; CUDA torch.cuda.max_memory_allocated.
-Timings on a shared machine are noise: use a quiet one.
+Every figure is the median over the timed steps of its per-step value (sums such as step_s and plain_step_s are
+formed per step first); the ratios are of those medians. Timings on a shared machine are noise: use a quiet one.
 """
 import argparse
 import contextlib
@@ -296,7 +298,10 @@ def demo_worker(args) -> dict:
             m = rl_step(run, step)
         rows = trained.pop()
         seconds = {**wall, **{p: m.get(f"time/{p}", 0.0) for p in PHASES}, **plain(rows)}
-        steps.append({**slowest(seconds, run.device), **token_figures(count, run.device),
+        seconds["other"] = seconds["step"] - sum(seconds[p] for p in PHASES)
+        s = slowest(seconds, run.device)
+        s["plain_step"] = s["rollout"] + s["plain_fwd_bwd"] + s["plain_optim"]
+        steps.append({**s, **token_figures(count, run.device),
                       "lengths": all_gather_list([len(r.response) for r in rows])})
         memory.update(peak_memory(run.device))  # the process group is gone once train_rl returns
         threads.append(torch.get_num_threads())  # during training: vLLM's CPU worker may have changed it
@@ -310,8 +315,6 @@ def demo_worker(args) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     timed_steps = steps[args.warmup:]
     med = {k: statistics.median(s[k] for s in timed_steps) for k in timed_steps[0] if k != "lengths"}
-    med["other"] = med["step"] - sum(med[p] for p in PHASES)
-    med["plain_step"] = med["rollout"] + med["plain_fwd_bwd"] + med["plain_optim"]
     lengths = sorted(x for s in timed_steps for x in s["lengths"])
     return dict(med=med, memory=memory, lengths=lengths, device=device,
                 shapes=dict(job="demo", model_path=model_path, rows_per_step=args.groups * args.n_samples,
@@ -435,7 +438,9 @@ def synthetic_worker(args) -> dict:
         advantages(rows, rewards)
         with timed(seconds, "update", device):
             trainer.policy_update(run, rows)
-        steps.append({**slowest(seconds, device), **token_figures(count, device)})
+        s = slowest(seconds, device)
+        s["step"] = s["old_logprobs"] + s["update"]
+        steps.append({**s, **token_figures(count, device)})
         trained.append(rows)
     memory = peak_memory(device)
     ckpt = checkpoint_roundtrip(run, args.warmup + args.steps, trained[-1]) if args.checkpoint else None
@@ -445,13 +450,12 @@ def synthetic_worker(args) -> dict:
         torch.cuda.empty_cache()
     reset_peak_memory(device)
     plain = PlainStep(random_model(qcfg, device, torch.float32, "sdpa"), cfg, device)
-    for i, rows in enumerate(trained):
-        steps[i].update(slowest(plain(rows), device))
+    for s, rows in zip(steps, trained):
+        s.update(slowest(plain(rows), device))
+        s["plain_step"] = s["plain_fwd_bwd"] + s["plain_optim"]
     plain_memory = peak_memory(device)
     timed_steps = steps[args.warmup:]
     med = {k: statistics.median(s[k] for s in timed_steps) for k in timed_steps[0]}
-    med["step"] = med["old_logprobs"] + med["update"]
-    med["plain_step"] = med["plain_fwd_bwd"] + med["plain_optim"]
     flops = n_matmul * (6 * med["trained_tokens"] + 2 * med["forward_only_tokens"])
     plain_flops = n_matmul * 6 * med["trained_tokens"]
     extra = dict(tokens_per_s=med["trained_tokens"] / med["step"],
