@@ -35,9 +35,10 @@ fp32 parameters (bf16 autocast on CUDA, no gradient checkpointing), exactly the 
 response positions only (logits_to_keep), log_softmax + gather in fp32, PPO-clip token-mean loss on the rows' old
 log-probs and advantages; batches of at most token_budget tokens, formed two simple ways, both timed, the faster
 counts: "exact" (rows of equal length share one (b, L) batch, causal sdpa: nothing padded, but one call per
-distinct length) and "padded" (rows sorted by length, right-padded to each micro-batch's longest, attention
-mask). Plain optimizer step: clip_grad_norm_ + torch AdamW (the trainer's lr and clip). With N ranks each
-rank runs it on its own rows, concurrently (data-parallel replicas without gradient all-reduce); the slowest counts.
+distinct length) and "padded" (length buckets: rows sorted by length, each micro-batch's rows within 10% of its
+longest and right-padded to it, attention mask: under 10% padding). Plain optimizer step: clip_grad_norm_ + torch
+AdamW (the trainer's lr and clip). With N ranks each rank runs it on its own rows, concurrently (data-parallel
+replicas without gradient all-reduce); the slowest counts.
 
 Tokens: real = prompt + response tokens of the rows handed to model.packed_forward (its 1-token DUMMY rows not
 counted); computed = input_ids.numel() as the policy's forward receives them (a forward pre-hook), i.e. what the
@@ -159,8 +160,8 @@ class PlainStep:
     """The plain baseline's training side (module docstring): a plain transformers model + AdamW. One call runs
     forward+backward over exactly `rows` twice, batched two simple ways, and keeps the faster (the best simple
     thing a user would write): "exact" (rows of equal length share a batch: nothing padded, more calls) and
-    "padded" (rows sorted by length, right-padded to the longest of each micro-batch: fewer calls, some
-    padding); then clip + AdamW once."""
+    "padded" (length buckets: rows sorted by length, within 10% of their micro-batch's longest and right-padded
+    to it: fewer calls, under 10% padding); then clip + AdamW once."""
 
     def __init__(self, model, cfg, device):
         self.model, self.cfg, self.device = model.train(), cfg, device
@@ -178,10 +179,12 @@ class PlainStep:
         return out
 
     def padded_batches(self, rows: list[Row]) -> list[list[Row]]:
-        """Longest rows first; a batch grows while (rows x its longest row) fits token_budget."""
+        """Longest rows first; a batch takes the next row while that row is at least 90% of the batch's longest
+        (padding under 10%) and (rows x longest) fits token_budget."""
         out: list[list[Row]] = []
         for r in sorted(rows, key=len, reverse=True):
-            if out and (len(out[-1]) + 1) * len(out[-1][0]) <= self.cfg.token_budget:
+            longest = len(out[-1][0]) if out else 0
+            if out and len(r) >= 0.9 * longest and (len(out[-1]) + 1) * longest <= self.cfg.token_budget:
                 out[-1].append(r)
             else:
                 out.append([r])
@@ -401,7 +404,8 @@ def checkpoint_roundtrip(run, step: int, rows: list[Row]) -> dict:
     saved = weights(run.policy)
     with timed(out, "save_s", run.device):
         path = trainer.save_checkpoint(run, step)
-    trainer.policy_update(run, rows)
+    trainer.policy_update(run, [Row(r.prompt_ids, r.response, r.old_logp, torch.ones(len(r.response)))
+                                for r in rows])  # advantages 1: a group of equal rewards would move nothing
     moved = max(float((t - saved[n]).abs().max()) for n, t in M.full_named_tensors(run.policy))
     with timed(out, "load_s", run.device):
         trainer.load_checkpoint(run, path)
