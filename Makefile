@@ -2,7 +2,7 @@
 PY      := .venv/bin/python
 DEMO    := runs/demo
 
-.PHONY: install sandbox demo test mutants bench clean
+.PHONY: install sandbox demo test mutants bench bench-step clean
 
 install: .venv/.installed sandbox
 
@@ -50,6 +50,10 @@ mutants: install
 
 bench: install
 	$(PY) benchmarks/bench_kernels.py
+
+# The demo job's RL step by phase vs a plain step (builds a small demo job under runs/bench_step without runs/demo).
+bench-step: install
+	$(PY) benchmarks/bench_step.py
 
 clean:
 	rm -rf runs
