@@ -212,6 +212,11 @@ class Run:
     STATELESS = ("cfg", "rank", "world", "device", "run_dir", "tok", "ref", "engine", "pool", "eval_rows", "keep_group",
                  "push", "fill_old", "correct", "agg", "sft_data", "engine_version", "sinks")
 
+    def __post_init__(self):
+        """Strategies that follow from the config alone."""
+        self.agg = self.agg or functools.partial(token_weights, agg=self.cfg.loss_agg)
+        self.push = self.push or (push_adapter if self.cfg.lora.rank else push_full)
+
     def state_dict(self, step: int) -> tuple[dict, dict, dict]:
         """-> (sharded: model and optimizer states for torch.distributed.checkpoint, this rank's: RNG, prompt
         cursor, CoPRIS buffer, shared: step, versions, counters, LR schedule and SFT order)."""
@@ -636,7 +641,6 @@ def setup(cfg: Config, trainable: bool = True) -> tuple[Run, Path | None]:
     if trainable:
         run.policy = build_model(cfg.model_path, device, trainable=True, lora=cfg.lora)
         run.optim, run.sched = make_optimizer(cfg, run.policy, cfg.steps)
-        run.push = push_adapter if cfg.lora.rank else push_full
     return run, ckpt
 
 
@@ -733,7 +737,6 @@ def train_rl(cfg: Config) -> None:
     run.fill_old = old_from_rollout if cfg.copris.old_logprob_source == "rollout" else \
         old_upfront if upfront else old_from_update
     run.correct = mismatch.correction(cfg.correction.mode, cfg.correction.low, cfg.correction.threshold)
-    run.agg = functools.partial(token_weights, agg=cfg.loss_agg)
     run.engine = start_engine(run)
     run.scheduler = CoprisScheduler(
         n=cfg.n_samples, groups=cfg.batch_groups // run.world, concurrency=cfg.copris.concurrency,

@@ -425,7 +425,6 @@ def synthetic_worker(args) -> dict:
                          lr=1e-6, run_dir=str(run_dir), keep_checkpoints=1)
     run = trainer.Run(cfg, rank, world, device, run_dir, tok=None, policy=random_policy(qcfg, device, args.size))
     run.optim, run.sched = trainer.make_optimizer(cfg, run.policy, args.warmup + args.steps + 1)
-    run.agg = trainer.AGG_WEIGHT[cfg.loss_agg]
     fill_old = {"update": trainer.old_from_update, "upfront": trainer.old_upfront}[args.old_logprobs]
     advantages = trainer.group_advantages(lambda r, k: grpo_advantages(r, k, cfg.scale_std), args.n_samples)
     count, rng, steps, trained = TokenCount(), random.Random(1000 + rank), [], []

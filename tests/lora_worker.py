@@ -4,7 +4,6 @@ Run: python tests/lora_worker.py MODEL_DIR
 
 Each check records both sides: the engine's log-probs and the trainer's, the base model built on its own and
 the policy with its adapter disabled, parameters before and after the update."""
-import functools
 import json
 import math
 import random
@@ -49,7 +48,7 @@ def main(model_dir):
     optim, sched = trainer.make_optimizer(cfg, policy, 10)
     engine = RolloutEngine(EngineConfig(model_dir, max_model_len=128, seed=0, lora_rank=8), distributed=True)
     run = trainer.Run(cfg, rank, world, device, None, None, policy, optim, sched, ref=policy, engine=engine,
-                      push=model.push_adapter, agg=functools.partial(trainer.token_weights, agg="token-mean"))
+                      push=model.push_adapter)
     out = {"trainable": sum(p.numel() for p in policy.parameters() if p.requires_grad),
            "params": sum(p.numel() for p in policy.parameters()),
            "optim_params": sum(p.numel() for g in optim.param_groups for p in g["params"])}

@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 PARITY = r'''
-import functools, json, sys, torch
+import json, sys, torch
 import model, trainer
 from rollout.vllm_engine import EngineConfig, RolloutEngine
 model_dir = sys.argv[1]
@@ -43,8 +43,7 @@ out["seed_batch_invariant"] = again[1][0] == toks
 # one PPO update with non-zero advantages changes the policy; the next push brings the engine along
 cfg = trainer.Config(model_path=model_dir, lr=1e-2, token_budget=512)
 optim, sched = trainer.make_optimizer(cfg, policy, 10)
-run = trainer.Run(cfg, rank, world, device, None, tok, policy, optim, sched, engine=engine, push=model.push_full,
-                  agg=functools.partial(trainer.token_weights, agg="token-mean"))
+run = trainer.Run(cfg, rank, world, device, None, tok, policy, optim, sched, engine=engine, push=model.push_full)
 before = {n: t.clone() for n, t in model.full_named_tensors(policy)}
 rows = [model.Row(prompt, toks, torch.tensor(lps), torch.ones(len(toks))),
         model.Row(prompt, toks[:5], torch.tensor(lps[:5]), -torch.ones(5))]

@@ -87,12 +87,9 @@ def world_of_one():
 def test_masked_tokens_leave_numerator_and_denominator(world_of_one, agg):
     """loss_weights: a masked token weighs 0 and is not counted; the rest are the aggregation over kept tokens
     times the correction weight (here: 3 rows, one of them fully masked)."""
-    import functools
     import trainer
-    from kernels.ppo_loss import token_weights
     from model import Row
-    run = trainer.Run(trainer.Config(loss_agg=agg), 0, 1, torch.device("cpu"), None, None,
-                      agg=functools.partial(token_weights, agg=agg))
+    run = trainer.Run(trainer.Config(loss_agg=agg), 0, 1, torch.device("cpu"), None, None)
     rows = [Row([1], [5, 6, 7], weight=torch.tensor([1.5, 0.0, 2.0])), Row([1], [8, 9], weight=torch.zeros(2)),
             Row([1], [4, 4, 4, 4])]
     got = [w.tolist() for w in trainer.loss_weights(run, rows)]

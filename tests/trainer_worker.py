@@ -4,7 +4,6 @@ tests/test_trainer_phases.py. Run: torchrun --nproc_per_node W tests/trainer_wor
 Every check computes its expectation independently (a plain HF forward, a second call on a subset, the same
 batch on another world size) and records both sides; the test compares them and names the row/token that differs.
 """
-import functools
 import json
 import sys
 
@@ -35,8 +34,7 @@ def make_run(model_dir, rank, world, device, **cfg_kw):
     cfg = trainer.Config(model_path=model_dir, token_budget=64, **cfg_kw)  # small budget: several micro-batches
     policy = model.build_model(model_dir, device, trainable=True)
     optim, sched = trainer.make_optimizer(cfg, policy, 10)
-    return trainer.Run(cfg, rank, world, device, None, None, policy, optim, sched,
-                       agg=functools.partial(trainer.token_weights, agg=cfg.loss_agg))
+    return trainer.Run(cfg, rank, world, device, None, None, policy, optim, sched)
 
 
 def main(model_dir: str, out_path: str) -> None:
