@@ -6,8 +6,10 @@ tokens, inside FSDP's forward.
     logps = response_logprobs(policy, rows, device, temperature)        # one (T_i,) tensor per Row
     out = packed_forward(policy, rows, device, fn)                       # fn(h (N, H), lm_head weight (V, H))
 """
+import hashlib
 import os
 import socket
+from array import array
 from dataclasses import dataclass
 
 import torch
@@ -55,6 +57,57 @@ def all_gather_list(values: list) -> list:
     parts = [None] * dist.get_world_size()
     dist.all_gather_object(parts, values)
     return [x for p in parts for x in p]
+
+
+@dataclass
+class EngineGroup:
+    """This rank's engine group: world = G groups of t consecutive ranks, group g = ranks [g*t, (g+1)*t) drives one
+    tensor-parallel vLLM engine in lockstep (same prompts, seeds and CoPRIS decisions on each of its ranks)."""
+    index: int  # g
+    count: int  # G = world / t
+    member: int  # this rank's place in the group, 0..t-1
+    size: int  # t
+    pg: dist.ProcessGroup | None = None  # the group's ranks; None when t = 1 (nothing to share)
+
+
+def engine_group(t: int) -> EngineGroup:
+    """This rank's EngineGroup for t ranks per engine (a collective: every rank calls it, t divides the world)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    return EngineGroup(rank // t, world // t, rank % t, t, dist.new_subgroups(group_size=t)[0] if t > 1 else None)
+
+
+def gather_in_group(value, eg: EngineGroup | None) -> list:
+    """value from every rank of the engine group, in member order ([value] when t = 1 or eg is None)."""
+    if eg is None or eg.pg is None:
+        return [value]
+    parts = [None] * eg.size
+    dist.all_gather_object(parts, value, group=eg.pg)
+    return parts
+
+
+def shared_map(items: list, fn, eg: EngineGroup | None) -> list:
+    """fn over a list every rank of the engine group holds, each item done once: member j runs fn(items[j::t]) (one
+    result per item); -> every item's result, in order, on every rank of the group (eg None: fn(items) here)."""
+    j, t = (0, 1) if eg is None or eg.pg is None else (eg.member, eg.size)
+    out = [None] * len(items)
+    for m, part in enumerate(gather_in_group(fn(items[j::t]), eg)):
+        out[m::t] = part
+    return out
+
+
+def check_lockstep(seqs, eg: EngineGroup) -> None:
+    """Raise unless every rank of the engine group holds the same int sequences (one hash compared per rank)."""
+    if eg.pg is None:
+        return
+    h = hashlib.blake2b(digest_size=16)
+    for s in seqs:
+        h.update(array("q", [len(s), *s]).tobytes())
+    digests = gather_in_group(h.hexdigest(), eg)
+    if len(set(digests)) > 1:
+        first = eg.index * eg.size
+        raise RuntimeError(f"engine group {eg.index} (ranks {first}..{first + eg.size - 1}) is out of lockstep: its "
+                           f"ranks collected different tokens (hash per rank: {digests}); a rank's engine saw other "
+                           f"calls, prompts or seeds than the rest of its group")
 
 
 def sum_over_ranks(t: torch.Tensor) -> torch.Tensor:
