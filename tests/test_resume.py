@@ -1,5 +1,5 @@
-"""Crash safety: SIGKILL at a random step then --resume=auto reproduces the uninterrupted run's
-per-step metrics exactly; SIGTERM checkpoints and exits 0; half-written checkpoints are ignored."""
+"""Crash safety: SIGKILL at a random step (a fixed one with a tensor-parallel engine) then --resume=auto reproduces
+the uninterrupted run's per-step metrics exactly; SIGTERM checkpoints and exits 0; half-written checkpoints are ignored."""
 import json
 import os
 import random
@@ -34,17 +34,19 @@ def metrics(run_dir):
     return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in rows]
 
 
-def test_sigkill_then_resume_matches_uninterrupted_run(tiny, tmp_path):
+def sigkill_then_resume(tiny, tmp_path, kill_after: int, *extra) -> Path:
+    """An uninterrupted run, and one SIGKILLed once step kill_after's checkpoint exists then resumed: the
+    per-step metrics must be equal; -> the uninterrupted run's folder."""
     ref = tmp_path / "ref"
-    p = subprocess.run(torchrun(args(tiny, ref)), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(torchrun(args(tiny, ref, *extra)), cwd=ROOT, env=ENV, capture_output=True, text=True,
+                       timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     want = metrics(ref)
     assert [r["step"] for r in want] == [0, 1, 2, 3, 4]
     assert all(r["grad_norm"] > 0 for r in want[1:])
 
-    kill_after = random.Random(os.getpid()).choice([1, 2])
     run = tmp_path / "killed"
-    proc = subprocess.Popen(torchrun(args(tiny, run)), cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(torchrun(args(tiny, run, *extra)), cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 600
     while not (run / "checkpoints" / f"step_{kill_after:06d}" / "manifest.json").exists():
@@ -52,12 +54,29 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tiny, tmp_path):
         time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    p = subprocess.run(torchrun(args(tiny, run, "--resume=auto")), cwd=ROOT, env=ENV, capture_output=True,
+    p = subprocess.run(torchrun(args(tiny, run, *extra, "--resume=auto")), cwd=ROOT, env=ENV, capture_output=True,
                        text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "resumed from" in p.stdout
     got = metrics(run)
     assert got == want, f"killed after step {kill_after}"  # exact: same tokens, rewards, losses, grad norms
+    return ref
+
+
+def test_sigkill_then_resume_matches_uninterrupted_run(tiny, tmp_path):
+    sigkill_then_resume(tiny, tmp_path, random.Random(os.getpid()).choice([1, 2]))
+
+
+def test_sigkill_then_resume_with_tensor_parallel_engine(tiny, tmp_path):
+    """t=2: one engine over both ranks. The group's prompt cursor and CoPRIS buffer are saved once, by its first
+    rank, and both ranks resume from them."""
+    import torch
+    ref = sigkill_then_resume(tiny, tmp_path, 2, "--engine.tensor_parallel_size=2")
+    ckpt = complete_checkpoints(ref / "checkpoints")[-1]
+    first, second = (torch.load(ckpt / f"rank{r}.pt", weights_only=False) for r in (0, 1))
+    assert first["scheduler"]["buffer"] and first["prompts"]["cursor"] > 0, "rank 0 holds the group's state"
+    assert "scheduler" not in second and "prompts" not in second, "rank 1 must not save the group's state again"
+    assert json.loads((ckpt / "manifest.json").read_text())["tensor_parallel_size"] == 2
 
 
 def test_sigterm_checkpoints_and_exits_zero(tiny, tmp_path):
