@@ -94,3 +94,20 @@ def run(argv: list[str], preflight) -> int:
         codes = [f.exitcode for f in e.failures.values()]
         return next((c for c in codes if c in (2, 3)), 1)
     return 0
+
+
+class StopSignal:
+    """In a rank: SIGTERM / SIGINT set a flag; the loop finishes its step, checkpoints and exits 0."""
+
+    def __init__(self):
+        self.raised = False
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        self.raised = True
+
+    def agreed(self, device) -> bool:
+        """True on every rank once any rank got a signal."""
+        from model import all_max
+        return all_max(int(self.raised), device) > 0

@@ -1,4 +1,5 @@
-"""The model side of the trainer: the process group and its reductions, the HF causal LM under FSDP2, and packed
+"""The model side of the trainer: the process group and its reductions, engine groups (t ranks sharing one
+tensor-parallel vLLM engine) and their collectives, the HF causal LM under FSDP2 and its optimizer, and packed
 forwards (rows concatenated with no padding) whose head function runs on the hidden states of the response
 tokens, inside FSDP's forward.
 
@@ -7,6 +8,7 @@ tokens, inside FSDP's forward.
     out = packed_forward(policy, rows, device, fn)                       # fn(h (N, H), lm_head weight (V, H))
 """
 import hashlib
+import math
 import os
 import socket
 from array import array
@@ -154,6 +156,23 @@ def build_model(path: str, device, trainable: bool):
         fully_shard(layer, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
     return model
+
+
+def make_optimizer(cfg, model, total_steps: int, lr: float | None = None):
+    """AdamW over the trainable parameters and its LR schedule: linear warmup, then constant (RL) or cosine to
+    10% of the peak (SFT)."""
+    optim = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr or cfg.lr,
+                              weight_decay=cfg.weight_decay, betas=(0.9, 0.999))
+    cosine = cfg.mode == "sft"
+
+    def lr_at(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        if not cosine:
+            return 1.0
+        frac = (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
+    return optim, torch.optim.lr_scheduler.LambdaLR(optim, lr_at)
 
 
 def full_named_tensors(model, dtype=None):

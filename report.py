@@ -3,11 +3,13 @@ the held-out table, the end-of-run summary and the plots.
 
     python trainer.py --plot RUN_DIR      # RUN_DIR/plot.png from RUN_DIR/metrics.jsonl (RL or SFT runs)
 """
+import contextlib
 import dataclasses
 import json
 import logging
 import math
 import sys
+import time
 from pathlib import Path
 
 from config import ConfigError
@@ -74,6 +76,19 @@ def progress(rank: int, total: int, desc: str):
     return tqdm(total=total, desc=desc, disable=rank != 0, dynamic_ncols=True, file=sys.stdout)
 
 
+class Timer:
+    """with t("phase"): ... accumulates seconds per phase into t.s."""
+
+    def __init__(self):
+        self.s: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        t0 = time.perf_counter()
+        yield
+        self.s[name] = self.s.get(name, 0.0) + time.perf_counter() - t0
+
+
 def log_metrics(run_dir: Path, sinks: list, metrics: dict) -> None:
     """Append to metrics.jsonl, then tensorboard / wandb when configured (rank 0 calls this)."""
     with open(run_dir / "metrics.jsonl", "a") as f:
@@ -101,6 +116,13 @@ def metric_sinks(cfg, run_dir: Path) -> list:
         wb = wandb.init(project=cfg.wandb_project, dir=str(run_dir), config=dataclasses.asdict(cfg))
         sinks.append(lambda m: wb.log({k: v for k, v in m.items() if k != "step"}, step=m["step"]))
     return sinks
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct: 1 - C(n-c, k) / C(n, k)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
 
 
 def print_eval_table(metrics: dict, k: int) -> None:

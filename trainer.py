@@ -13,14 +13,12 @@ them) own disjoint prompts and collect batch_groups / G groups in lockstep; a gr
 never spans ranks in training: each rank trains batch_groups / world whole groups. Parsing is in config.py, rows in
 data/rows.py, logs and plots in report.py, the launcher in launch.py.
 """
-import contextlib
 import dataclasses
 import json
 import math
 import os
 import random
 import shutil
-import signal
 import sys
 import time
 import typing
@@ -41,8 +39,8 @@ from data.rows import PromptSource, load_rows, tokenize_prompts, tokenize_sft
 from kernels import token_logprobs
 from kernels.ppo_loss import ppo_loss_terms, ppo_stats
 from model import (DUMMY, EngineGroup, Row, all_gather_list, all_max, all_sum, build_model, check_lockstep,
-                   clip_grad_norm, engine_group, full_named_tensors, init_distributed, micro_batches, packed_forward,
-                   response_logprobs, shared_map, split_rows, targets_of)
+                   clip_grad_norm, engine_group, full_named_tensors, init_distributed, make_optimizer, micro_batches,
+                   packed_forward, response_logprobs, shared_map, split_rows, targets_of)
 from rewards.advantages import accuracy_filter, grpo_advantages, rloo_advantages
 from rewards.pool import RewardPool
 from rewards.prime import Prime
@@ -214,8 +212,8 @@ class Run:
             sharded["prime"] = self.advantages.state_dict()
         mine = {"torch_rng": torch.get_rng_state(), "py_rng": random.getstate()}
         if self.eg.member == 0:
-            mine.update(prompts=self.prompts.state_dict() if self.prompts else None,
-                        scheduler=self.scheduler.state_dict() if self.scheduler else None)
+            mine.update(prompts=self.prompts and self.prompts.state_dict(),
+                        scheduler=self.scheduler and self.scheduler.state_dict())
         shared = {"step": step, "world": self.world, "tensor_parallel_size": self.eg.size,
                   "policy_version": self.policy_version, "counters": self.counters,
                   "sched": self.sched.state_dict(), "sft_order": self.sft_order,
@@ -241,24 +239,6 @@ class Run:
         return shared["step"]
 
 
-def make_optimizer(cfg: Config, model, total_steps: int, lr: float | None = None):
-    """AdamW over the trainable parameters and its LR schedule: linear warmup, then constant (RL) or cosine to
-    10% of the peak (SFT)."""
-    optim = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr or cfg.lr,
-                              weight_decay=cfg.weight_decay, betas=(0.9, 0.999))
-    cosine = cfg.mode == "sft"
-
-    def lr_at(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        if not cosine:
-            return 1.0
-        frac = (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
-    return optim, torch.optim.lr_scheduler.LambdaLR(optim, lr_at)
-
-
-
 def optimizer_step(run: Run) -> tuple[float, bool]:
     """Clip, check finite, step. -> (grad norm, applied). A non-finite grad skips the update."""
     norm = clip_grad_norm(run.policy, run.cfg.grad_clip)
@@ -279,19 +259,6 @@ def optimizer_step(run: Run) -> tuple[float, bool]:
     return norm, applied
 
 
-class Timer:
-    """with t("phase"): ... accumulates seconds per phase into t.s."""
-
-    def __init__(self):
-        self.s: dict[str, float] = {}
-
-    @contextlib.contextmanager
-    def __call__(self, name: str):
-        t0 = time.perf_counter()
-        yield
-        self.s[name] = self.s.get(name, 0.0) + time.perf_counter() - t0
-
-
 # ---------------------------------------------------------------------------------------------
 # RL step, top to bottom
 # ---------------------------------------------------------------------------------------------
@@ -299,7 +266,7 @@ class Timer:
 
 def rl_step(run: Run, step: int) -> dict:
     """One RL step, its phases in order (DESIGN.md section 2); -> this step's metrics (every rank's figures)."""
-    t = Timer()
+    t = report.Timer()
     with t("weight_push"):  # 1. the engine samples with the current policy
         push_weights_if_stale(run)
     version = run.policy_version
@@ -342,9 +309,8 @@ def training_share(run: Run, groups: list) -> list:
 
 
 def score_groups(run: Run, groups, eg: EngineGroup | None = None) -> tuple[torch.Tensor, dict]:
-    """Score every sample not yet scored (one pool call); -> rewards (B,) in group order, reason counts. eg: the
-    groups are the engine group's, the same on its ranks (inside collect): each rank scores 1/t of the samples and
-    the scores are all-gathered, so a sample is scored once and the group's ranks make the same keep_group call."""
+    """Score every sample not yet scored (one pool call); -> rewards (B,) in group order, reason counts. eg: groups
+    the engine group's ranks all hold (in collect): each scores 1/t of the samples, all-gathered (scored once)."""
     todo = [g for g in groups if g.scores is None]
     flat = shared_map([(g.row, run.tok.decode(t.tokens, skip_special_tokens=True)) for g in todo for t in g.samples],
                       run.pool.score, eg)
@@ -382,9 +348,8 @@ def old_logprobs_of(tr: Trajectory) -> torch.Tensor:
 @torch.no_grad()
 def fill_old_logprobs(run: Run, trajs: list[Trajectory], shared: list[Trajectory]) -> None:
     """Append to each trajectory's old_logprobs the values of the tokens sampled since its last fill, computed
-    by the current policy (the one that sampled them, before the update). Earlier stages keep theirs. `shared`
-    (the partial buffer: the same on every rank of the engine group) is split over the group: each rank computes
-    1/t of it in the same forward as `trajs`, then the new values are all-gathered so the buffers stay identical."""
+    by the current policy (the one that sampled them, before the update). Earlier stages keep theirs. `shared` (the
+    buffer, the same on the engine group's ranks): each computes 1/t of it with `trajs`, the new values all-gathered."""
     start = [len(t.old_logprobs) for t in shared]
     need = [t for t in trajs + shared[run.eg.member::run.eg.size] if len(t.old_logprobs) < len(t.tokens)]
     rows = [Row(t.prompt_ids, t.tokens) for t in need]
@@ -538,19 +503,11 @@ def mismatch_metrics(run: Run, rows: list[Row], trajs) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n samples with c correct: 1 - C(n-c, k) / C(n, k)."""
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
-
-
 @torch.no_grad()
 def evaluate(run: Run, samples_out: Path | None = None) -> dict:
     """Held-out accuracy per data_source and overall: greedy, mean@k and pass@k (unbiased), with
-    k = eval_samples completions sampled at `temperature`. Each engine group generates its share of the rows (in
-    lockstep); each of its ranks scores and counts every t-th of them. samples_out: rank 0 writes every completion
-    with its score there (jsonl)."""
+    k = eval_samples completions sampled at `temperature`. Each engine group generates its share of the rows; its
+    ranks score every t-th. samples_out: rank 0 writes every completion with its score there (jsonl)."""
     cfg, k, eg = run.cfg, run.cfg.eval_samples, run.eg
     if run.policy is not None:
         push_weights_if_stale(run)
@@ -576,7 +533,7 @@ def evaluate(run: Run, samples_out: Path | None = None) -> dict:
         s = scores[i * (k + 1):(i + 1) * (k + 1)]
         c = sum(x for x, _ in s[1:])
         base = 4 * sources.index(row["data_source"])
-        for j, v in enumerate((s[0][0], c, pass_at_k(k, int(c), k), 1)):
+        for j, v in enumerate((s[0][0], c, report.pass_at_k(k, int(c), k), 1)):
             sums[base + j] += v
     tot = all_sum(sums, run.device)
     if samples_out is not None:
@@ -678,11 +635,10 @@ def check_run_dir(cfg: Config, world: int) -> None:
     ckpt = resume_point(cfg)
     if ckpt is not None:
         manifest = json.loads((ckpt / "manifest.json").read_text())
-        t = manifest.get("tensor_parallel_size", 1)
-        if (manifest["world"], t) != (world, cfg.engine.tensor_parallel_size):
-            raise ConfigError(f"checkpoint {ckpt} was written by {manifest['world']} ranks with "
-                              f"engine.tensor_parallel_size={t}; this run has {world} and "
-                              f"{cfg.engine.tensor_parallel_size} (resume with the same rank count and t)")
+        if (manifest["world"], manifest.get("tensor_parallel_size", 1)) != (world, cfg.engine.tensor_parallel_size):
+            raise ConfigError(f"checkpoint {ckpt} was written by {manifest['world']} ranks (engine.tensor_parallel_size"
+                              f"={manifest.get('tensor_parallel_size', 1)}); this run has {world} "
+                              f"({cfg.engine.tensor_parallel_size}): resume with the same rank count and t")
     used = [p.name for p in (run_dir / "metrics.jsonl", run_dir / "checkpoints", run_dir / "export") if p.exists()]
     if cfg.resume == "off" and used and not cfg.overwrite:
         raise ConfigError(f"run_dir {run_dir} already holds a run ({', '.join(used)}): continue it with "
@@ -705,22 +661,6 @@ def start_run_dir(cfg: Config, rank: int) -> Path | None:
             metrics.write_text("".join(line + "\n" for line in keep))
     dist.barrier()
     return ckpt
-
-
-class StopSignal:
-    """SIGTERM / SIGINT set a flag; the loop finishes its step, checkpoints and exits 0."""
-
-    def __init__(self):
-        self.raised = False
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._handle)
-
-    def _handle(self, signum, frame):
-        self.raised = True
-
-    def agreed(self, device) -> bool:
-        """True on every rank once any rank got a signal."""
-        return all_max(int(self.raised), device) > 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -783,7 +723,7 @@ def data_counts(run: Run, name: str, total: int, skipped: int, why: str) -> dict
 def train_loop(run: Run, start: int, steps: int, step_fn, desc: str, evaluate_at=None) -> None:
     """steps start+1..steps of step_fn(run, step) -> metrics; checkpoint every save_every steps, after the last
     one and on SIGTERM/SIGINT (then return early); evaluate_at(step) -> extra metrics or {}; export at the end."""
-    cfg, stop, t_start = run.cfg, StopSignal(), time.time()
+    cfg, stop, t_start = run.cfg, launch.StopSignal(), time.time()
     bar = report.progress(run.rank, steps, desc)
     bar.update(start)
     for step in range(start + 1, steps + 1):

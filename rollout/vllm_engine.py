@@ -7,9 +7,11 @@ tensor-parallel groups of t consecutive ranks (parallel_state.initialize_model_p
 as ExternalDP x DP x PP x TP, so with data_parallel_size 1 the world / t groups are independent
 "external" data-parallel engines; no VLLM_DP_* settings needed). Each rank holds 1/t of the weights and
 KV cache and runs its own scheduler: the t ranks of a group must make the same calls (requests, seeds,
-steps, aborts) in the same order, which the trainer guarantees (lockstep) and checks after each rollout. Requests go through `llm_engine.add_request / step / abort_request` with DELTA
-outputs; `step()` returns only what is new, and the caller accumulates token ids and log-probs
-itself, so tokens streamed before an abort are never lost (a synchronous abort returns nothing).
+steps, aborts) in the same order, which the trainer guarantees (lockstep) and checks after each rollout.
+
+Requests go through `llm_engine.add_request / step / abort_request` with DELTA outputs; `step()`
+returns only what is new, and the caller accumulates token ids and log-probs itself, so tokens
+streamed before an abort are never lost (a synchronous abort returns nothing).
 
 Log-probs are `processed_logprobs`: log-softmax of the logits after temperature, i.e. the
 distribution each token was actually sampled from, the same quantity the trainer computes with

@@ -1,5 +1,6 @@
-"""Crash safety: SIGKILL at a random step (a fixed one with a tensor-parallel engine) then --resume=auto reproduces
-the uninterrupted run's per-step metrics exactly; SIGTERM checkpoints and exits 0; half-written checkpoints are ignored."""
+"""Crash safety: SIGKILL at a random step (a fixed one with a tensor-parallel engine) then --resume=auto
+reproduces the uninterrupted run's per-step metrics exactly; SIGTERM checkpoints and exits 0; half-written
+checkpoints are ignored."""
 import json
 import os
 import random
