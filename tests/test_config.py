@@ -70,7 +70,7 @@ def test_tensor_parallel_size_must_divide_ranks_and_heads(base, tmp_path):
     from trainer import check_run_dir
     with pytest.raises(ConfigError, match="engine.tensor_parallel_size=3 does not divide the 4 ranks"):
         load_config([*base, "--engine.tensor_parallel_size=3"], world=4)
-    with pytest.raises(ConfigError, match="engine.tensor_parallel_size=4 does not divide the model's 2 attention heads"):
+    with pytest.raises(ConfigError, match="tensor_parallel_size=4 does not divide the model's 2 attention heads"):
         load_config([*base, "--engine.tensor_parallel_size=4", "--batch_groups=4"], world=4)
     cfg = load_config([*base, "--engine.tensor_parallel_size=2", "--batch_groups=4"], world=4)
     assert cfg.engine.tensor_parallel_size == 2
@@ -78,7 +78,7 @@ def test_tensor_parallel_size_must_divide_ranks_and_heads(base, tmp_path):
     ckpt.mkdir(parents=True)
     (ckpt / "manifest.json").write_text('{"world": 4, "step": 1}')
     cfg = load_config([*base, "--engine.tensor_parallel_size=2", "--batch_groups=4", f"--resume={ckpt}"], world=4)
-    with pytest.raises(ConfigError, match=r"written by 4 ranks \(engine.tensor_parallel_size=1\); this run has 4 \(2\)"):
+    with pytest.raises(ConfigError, match=r"by 4 ranks \(engine.tensor_parallel_size=1\); this run has 4 \(2\)"):
         check_run_dir(cfg, 4)
 
 
