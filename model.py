@@ -54,10 +54,10 @@ def all_max(value, device):
     return type(value)(t.item())
 
 
-def all_gather_list(values: list) -> list:
-    """Every rank's list, concatenated in rank order."""
-    parts = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, values)
+def all_gather_list(values: list, group=None) -> list:
+    """Every rank's list (of the group; default: all ranks), concatenated in rank order."""
+    parts = [None] * dist.get_world_size(group)
+    dist.all_gather_object(parts, values, group=group)
     return [x for p in parts for x in p]
 
 
@@ -80,11 +80,7 @@ def engine_group(t: int) -> EngineGroup:
 
 def gather_in_group(value, eg: EngineGroup | None) -> list:
     """value from every rank of the engine group, in member order ([value] when t = 1 or eg is None)."""
-    if eg is None or eg.pg is None:
-        return [value]
-    parts = [None] * eg.size
-    dist.all_gather_object(parts, value, group=eg.pg)
-    return parts
+    return [value] if eg is None or eg.pg is None else all_gather_list([value], eg.pg)
 
 
 def shared_map(items: list, fn, eg: EngineGroup | None) -> list:
