@@ -185,8 +185,17 @@ def validate(cfg, world: int) -> None:
     for key in ("n_samples", "batch_groups", "max_prompt_len", "max_response_len", "token_budget", "mini_batches"):
         if getattr(cfg, key) < 1:
             raise ConfigError(f"{key} must be >= 1, got {getattr(cfg, key)}")
+    t = cfg.engine.tensor_parallel_size
+    if t < 1 or world % t:
+        raise ConfigError(f"engine.tensor_parallel_size={t} does not divide the {world} ranks (they form world / t "
+                          f"engine groups of t consecutive ranks, one vLLM engine each)")
+    heads = model_cfg.get("num_attention_heads")
+    if isinstance(heads, int) and heads % t:
+        raise ConfigError(f"engine.tensor_parallel_size={t} does not divide the model's {heads} attention heads "
+                          f"(vLLM splits them over the engine's ranks)")
     if cfg.mode == "rl" and cfg.batch_groups % world:
-        raise ConfigError(f"batch_groups={cfg.batch_groups} is not divisible by the {world} ranks")
+        raise ConfigError(f"batch_groups={cfg.batch_groups} is not divisible by the {world} ranks (each rank "
+                          f"trains batch_groups / world whole groups, whatever engine.tensor_parallel_size is)")
     if cfg.mode == "rl" and cfg.copris.enabled and cfg.copris.concurrency > cfg.engine.max_num_seqs:
         raise ConfigError(f"copris.concurrency={cfg.copris.concurrency} exceeds engine.max_num_seqs="
                           f"{cfg.engine.max_num_seqs}: the engine could not run them all at once "

@@ -61,9 +61,10 @@ def check_run_dir(cfg, world: int) -> None:
     ckpt = resume_point(cfg)
     if ckpt is not None:
         manifest = read_manifest(ckpt)
-        if manifest["world"] != world:
-            raise ConfigError(f"checkpoint {ckpt} was written by {manifest['world']} ranks; this run has {world} "
-                              f"(resume with the same rank count)")
+        if (manifest["world"], manifest.get("tensor_parallel_size", 1)) != (world, cfg.engine.tensor_parallel_size):
+            raise ConfigError(f"checkpoint {ckpt} was written by {manifest['world']} ranks (engine.tensor_parallel_size"
+                              f"={manifest.get('tensor_parallel_size', 1)}); this run has {world} "
+                              f"({cfg.engine.tensor_parallel_size}): resume with the same rank count and t")
     used = [p.name for p in (run_dir / "metrics.jsonl", run_dir / "checkpoints", run_dir / "export") if p.exists()]
     if cfg.resume == "off" and used and not cfg.overwrite:
         raise ConfigError(f"run_dir {run_dir} already holds a run ({', '.join(used)}): continue it with "

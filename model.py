@@ -1,4 +1,5 @@
-"""The model side of the trainer: the process group and its reductions, the HF causal LM under FSDP2, and packed
+"""The model side of the trainer: the process group and its reductions, engine groups (t ranks sharing one
+tensor-parallel vLLM engine) and their collectives, the HF causal LM under FSDP2 and its optimizer, and packed
 forwards (rows concatenated with no padding) whose head function runs on the hidden states of the response
 tokens, inside FSDP's forward.
 
@@ -7,10 +8,13 @@ tokens, inside FSDP's forward.
     out = packed_forward(policy, rows, device, fn)                       # fn(h (N, H), lm_head weight (V, H))
 """
 import contextlib
+import hashlib
+import math
 import os
 import shutil
 import socket
 import tempfile
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,11 +58,58 @@ def all_max(value, device):
     return type(value)(t.item())
 
 
-def all_gather_list(values: list) -> list:
-    """Every rank's list, concatenated in rank order."""
-    parts = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, values)
+def all_gather_list(values: list, group=None) -> list:
+    """Every rank's list (of the group; default: all ranks), concatenated in rank order."""
+    parts = [None] * dist.get_world_size(group)
+    dist.all_gather_object(parts, values, group=group)
     return [x for p in parts for x in p]
+
+
+@dataclass
+class EngineGroup:
+    """This rank's engine group: world = G groups of t consecutive ranks, group g = ranks [g*t, (g+1)*t) drives one
+    tensor-parallel vLLM engine in lockstep (same prompts, seeds and CoPRIS decisions on each of its ranks)."""
+    index: int  # g
+    count: int  # G = world / t
+    member: int  # this rank's place in the group, 0..t-1
+    size: int  # t
+    pg: dist.ProcessGroup | None = None  # the group's ranks; None when t = 1 (nothing to share)
+
+
+def engine_group(t: int) -> EngineGroup:
+    """This rank's EngineGroup for t ranks per engine (a collective: every rank calls it, t divides the world)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    return EngineGroup(rank // t, world // t, rank % t, t, dist.new_subgroups(group_size=t)[0] if t > 1 else None)
+
+
+def gather_in_group(value, eg: EngineGroup | None) -> list:
+    """value from every rank of the engine group, in member order ([value] when t = 1 or eg is None)."""
+    return [value] if eg is None or eg.pg is None else all_gather_list([value], eg.pg)
+
+
+def shared_map(items: list, fn, eg: EngineGroup | None) -> list:
+    """fn over a list every rank of the engine group holds, each item done once: member j runs fn(items[j::t]) (one
+    result per item); -> every item's result, in order, on every rank of the group (eg None: fn(items) here)."""
+    j, t = (0, 1) if eg is None or eg.pg is None else (eg.member, eg.size)
+    out = [None] * len(items)
+    for m, part in enumerate(gather_in_group(fn(items[j::t]), eg)):
+        out[m::t] = part
+    return out
+
+
+def check_lockstep(seqs, eg: EngineGroup) -> None:
+    """Raise unless every rank of the engine group holds the same int sequences (one hash compared per rank)."""
+    if eg.pg is None:
+        return
+    h = hashlib.blake2b(digest_size=16)
+    for s in seqs:
+        h.update(array("q", [len(s), *s]).tobytes())
+    digests = gather_in_group(h.hexdigest(), eg)
+    if len(set(digests)) > 1:
+        first = eg.index * eg.size
+        raise RuntimeError(f"engine group {eg.index} (ranks {first}..{first + eg.size - 1}) is out of lockstep: its "
+                           f"ranks collected different tokens (hash per rank: {digests}); a rank's engine saw other "
+                           f"calls, prompts or seeds than the rest of its group")
 
 
 def sum_over_ranks(t: torch.Tensor) -> torch.Tensor:
@@ -120,6 +171,23 @@ def build_model(path: str, device, trainable: bool, lora=None, checkpoint: bool 
         fully_shard(layer, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
     return model
+
+
+def make_optimizer(cfg, model, total_steps: int, lr: float | None = None):
+    """AdamW over the trainable parameters and its LR schedule: linear warmup, then constant (RL) or cosine to
+    10% of the peak (SFT)."""
+    optim = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr or cfg.lr,
+                              weight_decay=cfg.weight_decay, betas=(0.9, 0.999))
+    cosine = cfg.mode == "sft"
+
+    def lr_at(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        if not cosine:
+            return 1.0
+        frac = (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
+    return optim, torch.optim.lr_scheduler.LambdaLR(optim, lr_at)
 
 
 class GradDropout(torch.nn.Dropout):

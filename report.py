@@ -3,11 +3,13 @@ the held-out table, the end-of-run summary and the plots.
 
     python trainer.py --plot RUN_DIR      # RUN_DIR/plot.png from RUN_DIR/metrics.jsonl (RL or SFT runs)
 """
+import contextlib
 import dataclasses
 import json
 import logging
 import math
 import sys
+import time
 from pathlib import Path
 
 from config import ConfigError
@@ -74,6 +76,19 @@ def progress(rank: int, total: int, desc: str):
     """A tqdm bar on rank 0's console (disabled elsewhere)."""
     from tqdm import tqdm
     return tqdm(total=total, desc=desc, disable=rank != 0, dynamic_ncols=True, file=sys.stdout)
+
+
+class Timer:
+    """with t("phase"): ... accumulates seconds per phase into t.s."""
+
+    def __init__(self):
+        self.s: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        t0 = time.perf_counter()
+        yield
+        self.s[name] = self.s.get(name, 0.0) + time.perf_counter() - t0
 
 
 def log_metrics(run_dir: Path, sinks: list, metrics: dict) -> None:

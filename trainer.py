@@ -8,11 +8,11 @@ One RL step (rl_step, top to bottom): push the policy's weights into the engine 
 (cross-stage: earlier stages keep their values) -> advantages (GRPO, RLOO or PRIME) -> PPO-clip update over packed
 micro-batches -> metrics, checkpoint. `mode: sft` trains on prompt/completion pairs; `mode: eval` only evaluates.
 
-Ranks own disjoint prompts; a group (n samples of one prompt) never spans ranks; every rank collects
-batch_groups / world groups, so all ranks train on the same number of rows. Parsing is in config.py, rows in
+Engine groups (G = world / engine.tensor_parallel_size, t consecutive ranks each, one vLLM engine sharded over
+them) own disjoint prompts and collect batch_groups / G groups in lockstep; a group (n samples of one prompt)
+never spans ranks in training: each rank trains batch_groups / world whole groups. Parsing is in config.py, rows in
 data/rows.py, logs and plots in report.py, the launcher in launch.py.
 """
-import contextlib
 import functools
 import json
 import math
@@ -33,13 +33,14 @@ import config
 import launch
 import report
 from config import ConfigError
-from launch import StopSignal, check_run_dir, complete_checkpoints, read_manifest, start_run_dir
+from launch import check_run_dir, complete_checkpoints, read_manifest, start_run_dir
 from data.rows import PromptSource, load_rows, tokenize_prompts, tokenize_sft
 from kernels import fused_linear_ppo_loss
 from kernels.ppo_loss import token_weights
-from model import (DUMMY, PROJECTIONS, Row, adapter_disabled, all_gather_list, all_max, all_sum, build_model,
-                   clip_grad_norm, export_hf, init_distributed, micro_batches, packed_forward, push_adapter, push_full,
-                   response_logprobs, split_rows, targets_of, trainable_state)
+from model import (DUMMY, PROJECTIONS, EngineGroup, Row, adapter_disabled, all_gather_list, all_max, all_sum,
+                   build_model, check_lockstep, clip_grad_norm, engine_group, export_hf, init_distributed,
+                   make_optimizer, micro_batches, packed_forward, push_adapter, push_full, response_logprobs,
+                   shared_map, split_rows, targets_of, trainable_state)
 from rewards.advantages import accuracy_filter, grpo_advantages, rloo_advantages
 from rewards.pool import RewardPool
 from rewards.prime import Prime
@@ -61,12 +62,13 @@ class EngineConfig:
     max_num_seqs: int = 256  # vLLM's running-batch limit; must be >= copris.concurrency
     gpu_memory_utilization: float = 0.4  # CUDA: share of GPU memory vLLM takes while awake
     enforce_eager: bool = True  # no CUDA graphs / compile: fast start; set false for long GPU runs
+    tensor_parallel_size: int = 1  # t: ranks sharing one vLLM engine (tensor parallel); world / t engine groups
 
 
 @dataclass
 class CoprisConfig:
     enabled: bool = True  # false: synchronous rollout, every request runs to the end
-    concurrency: int = 64  # P: requests in flight per rank (the paper's default is 1024 per node)
+    concurrency: int = 64  # P: requests in flight per engine (the paper's default is 1024 per node)
     staleness_cap: int | None = None  # restart a partial trajectory sampled more than k versions ago; null = never
     old_logprob_source: Literal["trainer", "rollout"] = "trainer"  # trainer: the FSDP policy per stage | rollout: engine's
     dynamic_sampling: bool = False  # drop complete groups whose rewards are all equal and keep collecting
@@ -189,6 +191,7 @@ class Run:
     sched: torch.optim.lr_scheduler.LambdaLR | None = None
     ref: torch.nn.Module | None = None  # frozen FSDP2 copy of the initial policy (k3 KL, PRIME); LoRA: the policy
     engine: "RolloutEngine | None" = None
+    eg: EngineGroup | None = None  # this rank's engine group (setup() builds it; None: t = 1)
     pool: RewardPool | None = None
     scheduler: CoprisScheduler | None = None
     prompts: PromptSource | None = None
@@ -209,26 +212,30 @@ class Run:
     sinks: list = field(default_factory=list)  # rank 0: extra metric sinks (tensorboard, wandb): f(metrics)
 
     # fields state_dict() leaves out on purpose: rebuilt from the config, or derived (tests check the list)
-    STATELESS = ("cfg", "rank", "world", "device", "run_dir", "tok", "ref", "engine", "pool", "eval_rows", "keep_group",
-                 "push", "fill_old", "correct", "agg", "sft_data", "engine_version", "sinks")
+    STATELESS = ("cfg", "rank", "world", "device", "run_dir", "tok", "ref", "engine", "eg", "pool", "eval_rows",
+                 "keep_group", "push", "fill_old", "correct", "agg", "sft_data", "engine_version", "sinks")
 
     def __post_init__(self):
         """Strategies that follow from the config alone."""
         self.agg = self.agg or functools.partial(token_weights, agg=self.cfg.loss_agg)
         self.push = self.push or (push_adapter if self.cfg.lora.rank else push_full)
+        self.eg = self.eg or EngineGroup(self.rank, self.world, 0, 1, None)  # t = 1: every rank its own engine
 
     def state_dict(self, step: int) -> tuple[dict, dict, dict]:
-        """-> (sharded: model and optimizer states for torch.distributed.checkpoint, this rank's: RNG, prompt
-        cursor, CoPRIS buffer, shared: step, versions, counters, LR schedule and SFT order)."""
+        """-> (sharded: model and optimizer states for torch.distributed.checkpoint, this rank's: RNG, and on the
+        first rank of an engine group the group's prompt cursor and CoPRIS buffer (identical on its ranks: saved
+        once), shared: step, versions, counters, LR schedule and SFT order)."""
         from torch.distributed.checkpoint.state_dict import get_state_dict
         model, optim = get_state_dict(self.policy, self.optim, options=trainable_state(self.policy))
         sharded = {"policy": model, "optim": optim}
         if isinstance(self.advantages, Prime):
             sharded["prime"] = self.advantages.state_dict()
-        mine = {"torch_rng": torch.get_rng_state(), "py_rng": random.getstate(),
-                "prompts": self.prompts.state_dict() if self.prompts else None,
-                "scheduler": self.scheduler.state_dict() if self.scheduler else None}
-        shared = {"step": step, "world": self.world, "policy_version": self.policy_version, "counters": self.counters,
+        mine = {"torch_rng": torch.get_rng_state(), "py_rng": random.getstate()}
+        if self.eg.member == 0:
+            mine.update(prompts=self.prompts and self.prompts.state_dict(),
+                        scheduler=self.scheduler and self.scheduler.state_dict())
+        shared = {"step": step, "world": self.world, "tensor_parallel_size": self.eg.size,
+                  "policy_version": self.policy_version, "counters": self.counters,
                   "sched": self.sched.state_dict(), "sft_order": self.sft_order,
                   "sft_gen": self.sft_gen.get_state().tolist()}
         return sharded, mine, shared
@@ -253,24 +260,6 @@ class Run:
         return shared["step"]
 
 
-def make_optimizer(cfg: Config, model, total_steps: int, lr: float | None = None):
-    """AdamW over the trainable parameters and its LR schedule: linear warmup, then constant (RL) or cosine to
-    10% of the peak (SFT)."""
-    optim = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr or cfg.lr,
-                              weight_decay=cfg.weight_decay, betas=(0.9, 0.999))
-    cosine = cfg.mode == "sft"
-
-    def lr_at(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        if not cosine:
-            return 1.0
-        frac = (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
-    return optim, torch.optim.lr_scheduler.LambdaLR(optim, lr_at)
-
-
-
 def optimizer_step(run: Run) -> tuple[float, bool]:
     """Clip, check finite, step. -> (grad norm, applied). A non-finite grad skips the update."""
     norm = clip_grad_norm(run.policy, run.cfg.grad_clip)
@@ -291,19 +280,6 @@ def optimizer_step(run: Run) -> tuple[float, bool]:
     return norm, applied
 
 
-class Timer:
-    """with t("phase"): ... accumulates seconds per phase into t.s."""
-
-    def __init__(self):
-        self.s: dict[str, float] = {}
-
-    @contextlib.contextmanager
-    def __call__(self, name: str):
-        t0 = time.perf_counter()
-        yield
-        self.s[name] = self.s.get(name, 0.0) + time.perf_counter() - t0
-
-
 # ---------------------------------------------------------------------------------------------
 # RL step, top to bottom
 # ---------------------------------------------------------------------------------------------
@@ -311,12 +287,13 @@ class Timer:
 
 def rl_step(run: Run, step: int) -> dict:
     """One RL step, its phases in order (DESIGN.md section 2); -> this step's metrics (every rank's figures)."""
-    t = Timer()
+    t = report.Timer()
     with t("weight_push"):  # 1. the engine samples with the current policy
         pushed = push_weights_if_stale(run)
     version = run.policy_version
-    with t("rollout"):  # 2. until B/world groups are complete (and kept) on this rank; the rest waits in the buffer
+    with t("rollout"):  # 2. until B/G groups are complete (and kept) on this engine; the rest waits in the buffer
         groups, rstats = run.scheduler.collect(run.engine, run.prompts.draw, version=version, keep_group=run.keep_group)
+    groups = training_share(run, groups)  # B/world whole groups: the engine group's ranks train disjoint ones
     run.engine.sleep()  # 3. the engine gives the accelerator back to training
     with t("reward"):  # 4. one reward per sample, (B,) in group order (a group filter scored them already)
         rewards, reasons = score_groups(run, groups)
@@ -345,10 +322,20 @@ def push_weights_if_stale(run: Run) -> int:
     return pushed
 
 
-def score_groups(run: Run, groups) -> tuple[torch.Tensor, dict]:
-    """Score every sample not yet scored (one pool call); -> rewards (B,) in group order, reason counts."""
+def training_share(run: Run, groups: list) -> list:
+    """Check that the engine group's ranks collected the same tokens (one hash per rank, buffer included); -> this
+    rank's share of the group's B/G groups: B/world consecutive whole groups (the groups as they are when t = 1)."""
+    check_lockstep([[tr.prompt_id, *tr.tokens] for g in groups + run.scheduler.buffer for tr in g.samples], run.eg)
+    k = len(groups) // run.eg.size
+    return groups[run.eg.member * k:(run.eg.member + 1) * k]
+
+
+def score_groups(run: Run, groups, eg: EngineGroup | None = None) -> tuple[torch.Tensor, dict]:
+    """Score every sample not yet scored (one pool call); -> rewards (B,) in group order, reason counts. eg: groups
+    the engine group's ranks all hold (in collect): each scores 1/t of the samples, all-gathered (scored once)."""
     todo = [g for g in groups if g.scores is None]
-    flat = run.pool.score([(g.row, run.tok.decode(t.tokens, skip_special_tokens=True)) for g in todo for t in g.samples])
+    flat = shared_map([(g.row, run.tok.decode(t.tokens, skip_special_tokens=True)) for g in todo for t in g.samples],
+                      run.pool.score, eg)
     for i, g in enumerate(todo):
         g.scores = flat[i * len(g.samples):(i + 1) * len(g.samples)]
     reasons: dict[str, int] = {}
@@ -361,14 +348,14 @@ def score_groups(run: Run, groups) -> tuple[torch.Tensor, dict]:
 def informative_group(run: Run, group) -> bool:
     """Dynamic sampling's keep_group: score the group as it completes; keep it unless every sample got the
     same reward (its advantages would all be 0)."""
-    score_groups(run, [group])
+    score_groups(run, [group], run.eg)
     return len({sc for sc, _ in group.scores}) > 1
 
 
 def accuracy_in_range(run: Run, group) -> bool:
     """PRIME's keep_group: score the group as it completes; keep it if its accuracy lies in
     [prime.filter_low, prime.filter_high] (CoPRIS then keeps collecting until B groups pass)."""
-    score_groups(run, [group])
+    score_groups(run, [group], run.eg)
     r = torch.tensor([sc for sc, _ in group.scores])
     return bool(accuracy_filter(r, len(r), run.cfg.prime.filter_low, run.cfg.prime.filter_high)[0])
 
@@ -381,28 +368,33 @@ def old_logprobs_of(tr: Trajectory) -> torch.Tensor:
 
 
 @torch.no_grad()
-def fill_old_logprobs(run: Run, trajs: list[Trajectory]) -> None:
+def fill_old_logprobs(run: Run, trajs: list[Trajectory], shared: list[Trajectory]) -> None:
     """Append to each trajectory's old_logprobs the values of the tokens sampled since its last fill, computed
-    by the current policy (the one that sampled them, before the update). Earlier stages keep theirs."""
-    need = [t for t in trajs if len(t.old_logprobs) < len(t.tokens)]
+    by the current policy (the one that sampled them, before the update). Earlier stages keep theirs. `shared` (the
+    buffer, the same on the engine group's ranks): each computes 1/t of it with `trajs`, the new values all-gathered."""
+    start = [len(t.old_logprobs) for t in shared]
+    need = [t for t in trajs + shared[run.eg.member::run.eg.size] if len(t.old_logprobs) < len(t.tokens)]
     rows = [Row(t.prompt_ids, t.tokens) for t in need]
     for mb in micro_batches(rows, run.cfg.token_budget, run.device):
         logps = response_logprobs(run.policy, [rows[i] for i in mb], run.device, run.cfg.temperature)
         for i, logp in zip(mb, logps):
             need[i].old_logprobs += logp[len(need[i].old_logprobs):].tolist()
+    tails = shared_map(list(zip(shared, start)), lambda share: [t.old_logprobs[s:] for t, s in share], run.eg)
+    for t, s, tail in zip(shared, start, tails):
+        t.old_logprobs[s:] = tail  # the values the group's rank that computed them got
 
 
 def old_from_update(run: Run, trained: list[Trajectory], buffered: list[Trajectory]) -> None:
     """copris.old_logprob_source: trainer, mini_batches 1: tokens the current policy sampled get their old
     log-probs from the update's own forward (which runs before the policy changes); only the buffered partial
     trajectories need a forward now, since the policy will have changed when they are trained."""
-    fill_old_logprobs(run, buffered)
+    fill_old_logprobs(run, [], buffered)
 
 
 def old_upfront(run: Run, trained: list[Trajectory], buffered: list[Trajectory]) -> None:
     """copris.old_logprob_source: trainer, when the values are needed before the update (mini_batches > 1, PRIME
     with ref: policy, a mismatch correction): one forward over every trajectory's new tokens."""
-    fill_old_logprobs(run, trained + buffered)
+    fill_old_logprobs(run, trained, buffered)
 
 
 def old_from_rollout(run: Run, trained: list[Trajectory], buffered: list[Trajectory]) -> None:
@@ -496,15 +488,16 @@ def ppo_head(cfg: Config, targets, old, adv, w, ref):
 
 
 def step_metrics(run: Run, version: int, trajs, rewards, reasons: dict, rstats, seconds: dict) -> dict:
-    """Rollout and reward figures of one step, summed over ranks."""
+    """Rollout and reward figures of one step, summed over ranks (an engine's figures: over engine groups)."""
     lengths = [len(tr.tokens) for tr in trajs]
     off_policy = sum(v != version for tr in trajs for v in tr.versions)  # tokens sampled by an older policy
     buffered = sum(len(tr.tokens) for g in run.scheduler.buffer for tr in g.samples)
+    t = run.eg.size  # each of an engine group's t ranks adds 1/t of the engine's figures
     (reward, n, tokens, truncated, new_tokens, off_policy, timeouts, errors, buffered, dropped) = all_sum(
         [float(rewards.sum()), len(rewards), sum(lengths), sum(tr.finish_reason == "length" for tr in trajs),
-         rstats.new_tokens, off_policy, reasons.get("timeout", 0),
+         rstats.new_tokens / t, off_policy, reasons.get("timeout", 0),
          sum(reasons.get(k, 0) for k in ("crash", "error", "reward_error")),
-         buffered, rstats.dropped_groups], run.device)
+         buffered / t, rstats.dropped_groups / t], run.device)
     every = sorted(all_gather_list(lengths))
     out = {"reward": reward / n, "response_len": tokens / n, "response_len_p50": every[len(every) // 2],
            "response_len_p90": every[int(len(every) * 0.9)], "response_len_max": every[-1],
@@ -538,23 +531,25 @@ def mismatch_metrics(run: Run, rows: list[Row], trajs) -> dict:
 @torch.no_grad()
 def evaluate(run: Run, samples_out: Path | None = None) -> dict:
     """Held-out accuracy per data_source and overall: greedy, mean@k and pass@k (unbiased), with
-    k = eval_samples completions sampled at `temperature`. Each rank evaluates its share of the rows.
-    samples_out: rank 0 writes every completion with its score there (jsonl)."""
-    cfg, k = run.cfg, run.cfg.eval_samples
+    k = eval_samples completions sampled at `temperature`. Each engine group generates its share of the rows; its
+    ranks score every t-th. samples_out: rank 0 writes every completion with its score there (jsonl)."""
+    cfg, k, eg = run.cfg, run.cfg.eval_samples, run.eg
     if run.policy is not None:
         push_weights_if_stale(run)
-    rows = run.eval_rows[run.rank::run.world]
+    rows = run.eval_rows[eg.index::eg.count]
     eos = [run.tok.eos_token_id]
     prompts, params = [], []
     for i, row in enumerate(rows):  # seeds from the row's index in eval_rows: the same samples at any world size
         prompts += [row["prompt_ids"]] * (k + 1)
         params.append(run.engine.sampling(cfg.max_response_len, 0.0, 1.0, None, eos))
         params += [run.engine.sampling(cfg.max_response_len, cfg.temperature, cfg.top_p,
-                                       cfg.seed * 7919 + (run.rank + i * run.world) * 131 + j, eos) for j in range(k)]
+                                       cfg.seed * 7919 + (eg.index + i * eg.count) * 131 + j, eos) for j in range(k)]
     bar = report.progress(run.rank, len(prompts), "eval")
     texts = [run.tok.decode(toks, skip_special_tokens=True)
              for toks, _ in run.engine.generate(prompts, params, on_finish=bar.update)]
     bar.close()
+    texts = [texts[i * (k + 1) + j] for i in range(eg.member, len(rows), eg.size) for j in range(k + 1)]
+    rows = rows[eg.member::eg.size]
     scores = run.pool.score([(rows[i // (k + 1)], t) for i, t in enumerate(texts)])
     run.engine.sleep()
     sources = sorted({r["data_source"] for r in run.eval_rows})
@@ -610,9 +605,10 @@ def load_checkpoint(run: Run, path: Path) -> int:
         raise ConfigError(f"checkpoint {path / 'dcp'} does not load ({type(e).__name__}: {str(e)[:300]})") from None
     try:
         mine = torch.load(path / f"rank{run.rank}.pt", weights_only=False)  # our own file
+        first = torch.load(path / f"rank{run.rank - run.eg.member}.pt", weights_only=False) if run.eg.member else mine
     except (OSError, RuntimeError, EOFError, ValueError) as e:
         raise ConfigError(f"checkpoint {path / f'rank{run.rank}.pt'} does not load ({type(e).__name__}: {e})") from None
-    return run.load_state_dict(sharded, mine, read_manifest(path))
+    return run.load_state_dict(sharded, {**first, **mine}, read_manifest(path))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -636,8 +632,8 @@ def setup(cfg: Config, trainable: bool = True) -> tuple[Run, Path | None]:
     if not tok("a 1", add_special_tokens=False)["input_ids"] or tok.eos_token_id is None:
         raise ConfigError(f"model_path {cfg.model_path}: its tokenizer does not load (it encodes nothing or has no "
                           f"eos token: tokenizer.json / tokenizer_config.json missing?)")
-    run = Run(cfg, rank, world, device, Path(cfg.run_dir), tok, sinks=report.metric_sinks(cfg, Path(cfg.run_dir))
-              if rank == 0 else [])
+    run = Run(cfg, rank, world, device, Path(cfg.run_dir), tok, eg=engine_group(cfg.engine.tensor_parallel_size),
+              sinks=report.metric_sinks(cfg, Path(cfg.run_dir)) if rank == 0 else [])
     if trainable:
         run.policy = build_model(cfg.model_path, device, trainable=True, lora=cfg.lora)
         run.optim, run.sched = make_optimizer(cfg, run.policy, cfg.steps)
@@ -653,7 +649,8 @@ def start_engine(run: Run):
                                           dtype="bfloat16" if run.device.type == "cuda" else "float32",
                                           gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
                                           max_num_seqs=cfg.engine.max_num_seqs, enforce_eager=cfg.engine.enforce_eager,
-                                          lora_rank=cfg.lora.rank),
+                                          lora_rank=cfg.lora.rank,
+                                          tensor_parallel_size=cfg.engine.tensor_parallel_size),
                                distributed=True)
     except EngineStartError as e:
         raise ConfigError(str(e)) from None
@@ -678,7 +675,7 @@ def data_counts(run: Run, name: str, total: int, skipped: int, why: str) -> dict
 def train_loop(run: Run, start: int, steps: int, step_fn, desc: str, evaluate_at=None) -> None:
     """steps start+1..steps of step_fn(run, step) -> metrics; checkpoint every save_every steps, after the last
     one and on SIGTERM/SIGINT (then return early); evaluate_at(step) -> extra metrics or {}; export at the end."""
-    cfg, stop, t_start = run.cfg, StopSignal(), time.time()
+    cfg, stop, t_start = run.cfg, launch.StopSignal(), time.time()
     bar = report.progress(run.rank, steps, desc)
     bar.update(start)
     for step in range(start + 1, steps + 1):
@@ -720,9 +717,9 @@ def train_rl(cfg: Config) -> None:
     counts = data_counts(run, "train", len(rows) + skipped, skipped, f"prompt over max_prompt_len={cfg.max_prompt_len}")
     run.eval_rows, skipped = tokenize_prompts(eval_rows, run.tok, cfg.max_prompt_len, cfg.chat_template)
     counts.update(data_counts(run, "eval", len(eval_rows), skipped, "prompt over max_prompt_len") if eval_rows else {})
-    if len(rows) < run.world:
-        raise ConfigError(f"{cfg.train_data}: {len(rows)} usable prompts for {run.world} ranks")
-    run.prompts = PromptSource(rows, cfg.seed, run.rank, run.world)
+    if len(rows) < run.eg.count:
+        raise ConfigError(f"{cfg.train_data}: {len(rows)} usable prompts for {run.eg.count} engine groups")
+    run.prompts = PromptSource(rows, cfg.seed, run.eg.index, run.eg.count)
     run.pool = RewardPool(cfg.reward_workers, cfg.reward_timeout_s)
     if cfg.kl_coef > 0 or (cfg.prime.enabled and cfg.prime.ref == "frozen"):
         run.ref = run.policy if cfg.lora.rank else build_model(cfg.model_path, run.device, trainable=False)
@@ -739,7 +736,7 @@ def train_rl(cfg: Config) -> None:
     run.correct = mismatch.correction(cfg.correction.mode, cfg.correction.low, cfg.correction.threshold)
     run.engine = start_engine(run)
     run.scheduler = CoprisScheduler(
-        n=cfg.n_samples, groups=cfg.batch_groups // run.world, concurrency=cfg.copris.concurrency,
+        n=cfg.n_samples, groups=cfg.batch_groups // run.eg.count, concurrency=cfg.copris.concurrency,
         max_response_len=cfg.max_response_len, temperature=cfg.temperature, top_p=cfg.top_p,
         stop_token_ids=[run.tok.eos_token_id], seed=cfg.seed, enabled=cfg.copris.enabled,
         staleness_cap=cfg.copris.staleness_cap)

@@ -2,7 +2,7 @@
 
     rows = load_rows("train.jsonl", mode="rl")       # [{prompt, task, data_source, answer | tests | ...}]
     kept, skipped = tokenize_prompts(rows, tok, max_len=256, chat_template=True)   # adds row["prompt_ids"]
-    source = PromptSource(kept, seed, rank=g, world=G)                            # this rank's shuffled draws
+    source = PromptSource(kept, seed, group=g, groups=G)                          # engine group g's draws
 
 Anything malformed (bad UTF-8, bad JSON, a missing key, an unknown task, a chat template that fails) is a
 ConfigError naming file:row and the problem. Rows too long for the limits are skipped and counted, never an error.
@@ -113,18 +113,19 @@ def tokenize_sft(rows: list[dict], tok, max_prompt_len: int, max_response_len: i
 
 
 class PromptSource:
-    """This rank's share of a seeded per-epoch shuffle: draw() -> (prompt_id, prompt_ids, row).
+    """Engine group g's share of a seeded per-epoch shuffle (every rank of the group draws the same prompts; with
+    tensor_parallel_size 1 a group is one rank): draw() -> (prompt_id, prompt_ids, row).
     prompt_id is a unique draw number (epoch * N + index): it seeds sampling and names requests."""
 
-    def __init__(self, rows: list[dict], seed: int, rank: int, world: int):
-        self.rows, self.seed, self.rank, self.world = rows, seed, rank, world
-        self.cursor = 0  # draws made by this rank
+    def __init__(self, rows: list[dict], seed: int, group: int, groups: int):
+        self.rows, self.seed, self.group, self.groups = rows, seed, group, groups
+        self.cursor = 0  # draws made by this group
 
     def draw(self):
-        per_epoch = len(self.rows) // self.world
+        per_epoch = len(self.rows) // self.groups
         epoch, i = divmod(self.cursor, per_epoch)
         order = torch.randperm(len(self.rows), generator=torch.Generator().manual_seed(self.seed + epoch))
-        idx = int(order[i * self.world + self.rank])
+        idx = int(order[i * self.groups + self.group])
         self.cursor += 1
         row = self.rows[idx]
         return epoch * len(self.rows) + idx, row["prompt_ids"], row

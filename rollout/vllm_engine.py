@@ -1,9 +1,17 @@
-"""One vLLM engine per rank, colocated with the FSDP2 policy.
+"""One vLLM engine per engine group of t ranks (tensor parallel t; t=1: one per rank), colocated with the
+FSDP2 policy.
 
-Under torchrun every rank runs its own in-process engine (`external_launcher`, tensor parallel 1)
-on its own prompts. Requests go through `llm_engine.add_request / step / abort_request` with DELTA
-outputs; `step()` returns only what is new, and the caller accumulates token ids and log-probs
-itself, so tokens streamed before an abort are never lost (a synchronous abort returns nothing).
+Under torchrun every rank runs its own in-process engine (`external_launcher`). With
+tensor_parallel_size=t, vLLM reuses the torch.distributed world torchrun set up and cuts it into
+tensor-parallel groups of t consecutive ranks (parallel_state.initialize_model_parallel: ranks laid out
+as ExternalDP x DP x PP x TP, so with data_parallel_size 1 the world / t groups are independent
+"external" data-parallel engines; no VLLM_DP_* settings needed). Each rank holds 1/t of the weights and
+KV cache and runs its own scheduler: the t ranks of a group must make the same calls (requests, seeds,
+steps, aborts) in the same order, which the trainer guarantees (lockstep) and checks after each rollout.
+
+Requests go through `llm_engine.add_request / step / abort_request` with DELTA outputs; `step()`
+returns only what is new, and the caller accumulates token ids and log-probs itself, so tokens
+streamed before an abort are never lost (a synchronous abort returns nothing).
 
 Log-probs are `processed_logprobs`: log-softmax of the logits after temperature, i.e. the
 distribution each token was actually sampled from, the same quantity the trainer computes with
@@ -58,6 +66,7 @@ class EngineConfig:
     max_num_seqs: int = 256
     enforce_eager: bool = True
     lora_rank: int = 0  # > 0: the policy arrives as LoRA adapters of this rank (load_adapter)
+    tensor_parallel_size: int = 1
     extra: dict = field(default_factory=dict)  # forwarded to vllm.LLM
 
 
@@ -69,7 +78,7 @@ class RolloutEngine:
         kwargs = dict(model=cfg.model_path, tokenizer=cfg.model_path, dtype=cfg.dtype, seed=cfg.seed,
                       max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs,
                       enforce_eager=cfg.enforce_eager, logprobs_mode="processed_logprobs",
-                      enable_prefix_caching=True, tensor_parallel_size=1,
+                      enable_prefix_caching=True, tensor_parallel_size=cfg.tensor_parallel_size,
                       # a chunked prefill discards a sampled token and rewinds the request's seeded
                       # generator, which the CPU generator can't do ("does not use offset")
                       enable_chunked_prefill=False, **cfg.extra)
@@ -156,7 +165,8 @@ class RolloutEngine:
 
     def push_weights(self, named_tensors) -> None:
         """Load (name, full tensor) pairs in HF checkpoint format, then drop the now-stale prefix
-        cache. Never call reload_weights without an iterator: that reloads the disk checkpoint."""
+        cache; under tensor parallel each rank's weight loaders keep its shard of the full tensors.
+        Never call reload_weights without an iterator: that reloads the disk checkpoint."""
         self.wake()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors,
                                                           "is_checkpoint_format": True})

@@ -26,7 +26,7 @@ def main(model_dir):
         prompts = [[5 + i, 6, 7, 8] for i in range(16)]
         gens = engine.generate(prompts, [engine.sampling(24, 1.0, 1.0, 100 + i, [], ignore_eos=True) for i in range(16)])
         trajs = [Trajectory(i, 0, p, list(toks), list(lps)) for i, (p, (toks, lps)) in enumerate(zip(prompts, gens))]
-        trainer.fill_old_logprobs(run, trajs)
+        trainer.fill_old_logprobs(run, trajs, [])
         rows = [model.Row(t.prompt_ids, t.tokens, trainer.old_logprobs_of(t)) for t in trajs]
         for r, t in zip(rows, trajs):
             r.weight = run.correct(r.old_logp, torch.tensor(t.logprobs))

@@ -73,6 +73,22 @@ def test_batch_not_divisible_by_ranks(base, monkeypatch):
         load_config([*base, "--batch_groups=5"])
 
 
+def test_tensor_parallel_size_must_divide_ranks_and_heads(base, tmp_path):
+    from trainer import check_run_dir
+    with pytest.raises(ConfigError, match="engine.tensor_parallel_size=3 does not divide the 4 ranks"):
+        load_config([*base, "--engine.tensor_parallel_size=3"], world=4)
+    with pytest.raises(ConfigError, match="tensor_parallel_size=4 does not divide the model's 2 attention heads"):
+        load_config([*base, "--engine.tensor_parallel_size=4", "--batch_groups=4"], world=4)
+    cfg = load_config([*base, "--engine.tensor_parallel_size=2", "--batch_groups=4"], world=4)
+    assert cfg.engine.tensor_parallel_size == 2
+    ckpt = tmp_path / "checkpoints" / "step_000001"  # written with t=1: a t=2 run must not resume from it
+    ckpt.mkdir(parents=True)
+    (ckpt / "manifest.json").write_text('{"world": 4, "step": 1}')
+    cfg = load_config([*base, "--engine.tensor_parallel_size=2", "--batch_groups=4", f"--resume={ckpt}"], world=4)
+    with pytest.raises(ConfigError, match=r"by 4 ranks \(engine.tensor_parallel_size=1\); this run has 4 \(2\)"):
+        check_run_dir(cfg, 4)
+
+
 def test_cli_exits_nonzero_without_traceback(base):
     p = subprocess.run([sys.executable, "trainer.py", *base, "--clip_hgih=0.3"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)

