@@ -644,6 +644,13 @@ def start_engine(run: Run):
     """This rank's vLLM engine on model_path (max length = prompt + response); a start failure says what to change."""
     from rollout.vllm_engine import EngineConfig as VllmConfig, EngineStartError, RolloutEngine
     cfg = run.cfg
+    if run.device.type == "cpu" and run.eg.size > 1 and int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        # vLLM's CPU tensor-parallel all-reduce keeps /dev/shm segments under names fixed by the group's ranks (the
+        # same for every run on this machine); a run killed with SIGKILL leaves them behind, and the next engine
+        # would then fail to start (EEXIST): remove them (two such runs at once on one machine collide anyway)
+        for stale in Path("/dev/shm").glob("*-cpushm_*"):
+            stale.unlink(missing_ok=True)
+    dist.barrier()
     try:
         engine = RolloutEngine(VllmConfig(cfg.model_path, cfg.max_prompt_len + cfg.max_response_len, seed=cfg.seed,
                                           dtype="bfloat16" if run.device.type == "cuda" else "float32",
@@ -672,9 +679,10 @@ def data_counts(run: Run, name: str, total: int, skipped: int, why: str) -> dict
     return {f"data/{name}_rows": total - skipped, f"data/{name}_skipped": skipped}
 
 
-def train_loop(run: Run, start: int, steps: int, step_fn, desc: str, evaluate_at=None) -> None:
+def train_loop(run: Run, start: int, steps: int, step_fn, desc: str, evaluate_at=None) -> float | None:
     """steps start+1..steps of step_fn(run, step) -> metrics; checkpoint every save_every steps, after the last
-    one and on SIGTERM/SIGINT (then return early); evaluate_at(step) -> extra metrics or {}; export at the end."""
+    one and on SIGTERM/SIGINT (then return None early); evaluate_at(step) -> extra metrics or {}; export at the
+    end. -> the loop's seconds."""
     cfg, stop, t_start = run.cfg, launch.StopSignal(), time.time()
     bar = report.progress(run.rank, steps, desc)
     bar.update(start)
@@ -691,12 +699,12 @@ def train_loop(run: Run, start: int, steps: int, step_fn, desc: str, evaluate_at
         if stopping:
             if run.rank == 0:
                 print(f"\nstopped by signal after step {step}; checkpoint {path}; continue with --resume=auto")
-            return
+            return None
         if cfg.export_every and step % cfg.export_every == 0 and step != steps:
             export_hf(run.policy, run.tok, run.run_dir / "export", cfg.lora.export_merged)
     bar.close()
     export_hf(run.policy, run.tok, run.run_dir / "export", cfg.lora.export_merged)
-    run.counters["loop_seconds"] = time.time() - t_start
+    return time.time() - t_start
 
 
 def check_sandbox(cfg: Config, rows: list[dict]) -> None:
@@ -720,7 +728,6 @@ def train_rl(cfg: Config) -> None:
     if len(rows) < run.eg.count:
         raise ConfigError(f"{cfg.train_data}: {len(rows)} usable prompts for {run.eg.count} engine groups")
     run.prompts = PromptSource(rows, cfg.seed, run.eg.index, run.eg.count)
-    run.pool = RewardPool(cfg.reward_workers, cfg.reward_timeout_s)
     if cfg.kl_coef > 0 or (cfg.prime.enabled and cfg.prime.ref == "frozen"):
         run.ref = run.policy if cfg.lora.rank else build_model(cfg.model_path, run.device, trainable=False)
     estimator = {"grpo": lambda r, k: grpo_advantages(r, k, cfg.scale_std), "rloo": rloo_advantages}[cfg.advantage]
@@ -734,14 +741,14 @@ def train_rl(cfg: Config) -> None:
     run.fill_old = old_from_rollout if cfg.copris.old_logprob_source == "rollout" else \
         old_upfront if upfront else old_from_update
     run.correct = mismatch.correction(cfg.correction.mode, cfg.correction.low, cfg.correction.threshold)
-    run.engine = start_engine(run)
+    run.pool, run.engine = RewardPool(cfg.reward_workers, cfg.reward_timeout_s), start_engine(run)
     run.scheduler = CoprisScheduler(
         n=cfg.n_samples, groups=cfg.batch_groups // run.eg.count, concurrency=cfg.copris.concurrency,
         max_response_len=cfg.max_response_len, temperature=cfg.temperature, top_p=cfg.top_p,
         stop_token_ids=[run.tok.eos_token_id], seed=cfg.seed, enabled=cfg.copris.enabled,
         staleness_cap=cfg.copris.staleness_cap)
-    start = load_checkpoint(run, ckpt) if ckpt else 0
     try:
+        start = load_checkpoint(run, ckpt) if ckpt else 0
         if start:
             print(f"resumed from {ckpt} (step {start})") if run.rank == 0 else None
         else:
@@ -750,9 +757,9 @@ def train_rl(cfg: Config) -> None:
         def evaluate_at(step: int) -> dict:
             due = (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps
             return evaluate(run) if run.eval_rows and due else {}
-        train_loop(run, start, cfg.steps, rl_step, "rl", evaluate_at)
-        if run.rank == 0 and "loop_seconds" in run.counters:
-            report.report_rl(run.run_dir, cfg.eval_samples, run.counters.pop("loop_seconds"), cfg.steps - start)
+        seconds = train_loop(run, start, cfg.steps, rl_step, "rl", evaluate_at)
+        if run.rank == 0 and seconds is not None:
+            report.report_rl(run.run_dir, cfg.eval_samples, seconds, cfg.steps - start)
     finally:
         run.pool.close()
         run.engine.shutdown()
@@ -790,12 +797,13 @@ def train_sft(cfg: Config) -> None:
     run.optim, run.sched = make_optimizer(cfg, run.policy, steps)
     run.sft_gen.manual_seed(cfg.seed)
     start = load_checkpoint(run, ckpt) if ckpt else 0
-    if not start:
+    if start:
+        print(f"resumed from {ckpt} (step {start})") if run.rank == 0 else None
+    else:
         log(run, {"step": 0, **counts})
-    train_loop(run, start, steps, sft_step, "sft")
-    if run.rank == 0 and "loop_seconds" in run.counters:
-        print(f"sft: {steps - start} steps in {run.counters.pop('loop_seconds'):.0f} s; "
-              f"export: {run.run_dir / 'export'}")
+    seconds = train_loop(run, start, steps, sft_step, "sft")
+    if run.rank == 0 and seconds is not None:
+        print(f"sft: {steps - start} steps in {seconds:.0f} s; export: {run.run_dir / 'export'}")
 
 
 def run_eval(cfg: Config) -> None:

@@ -10,6 +10,7 @@ dies (segfault, os._exit) scores 0 with reason "crash". Neither stops the batch,
 in the batch is scored 0 for it. The default job function is rewards.tasks.score_row (by the row's `task`).
 The workers ignore SIGINT and SIGTERM: the trainer decides when the run stops.
 """
+import atexit
 import multiprocessing as mp
 import signal
 import time
@@ -37,6 +38,7 @@ class RewardPool:
     def __init__(self, workers: int = 1, timeout_s: float = 10.0, fn=score_row):
         self.ctx, self.fn, self.timeout_s = mp.get_context("spawn"), fn, timeout_s
         self.procs = [self._start() for _ in range(max(1, workers))]
+        atexit.register(self.close)  # before multiprocessing's exit hook, whose SIGTERM the workers ignore
 
     def _start(self):
         parent, child = self.ctx.Pipe()

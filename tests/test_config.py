@@ -83,7 +83,7 @@ def test_tensor_parallel_size_must_divide_ranks_and_heads(base, tmp_path):
     assert cfg.engine.tensor_parallel_size == 2
     ckpt = tmp_path / "checkpoints" / "step_000001"  # written with t=1: a t=2 run must not resume from it
     ckpt.mkdir(parents=True)
-    (ckpt / "manifest.json").write_text('{"world": 4, "step": 1}')
+    (ckpt / "manifest.json").write_text('{"world": 4, "step": 1, "policy_version": 1}')
     cfg = load_config([*base, "--engine.tensor_parallel_size=2", "--batch_groups=4", f"--resume={ckpt}"], world=4)
     with pytest.raises(ConfigError, match=r"by 4 ranks \(engine.tensor_parallel_size=1\); this run has 4 \(2\)"):
         check_run_dir(cfg, 4)

@@ -140,6 +140,6 @@ def test_help_lists_every_key_with_type_default_and_comment():
     p = subprocess.run([sys.executable, "trainer.py", "--help"], cwd=ROOT, env=ENV, capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 0
-    for needle in ("[copris]", "--copris.concurrency=<int>  (default: 64)", "requests in flight per rank",
+    for needle in ("[copris]", "--copris.concurrency=<int>  (default: 64)", "requests in flight per engine",
                    "--prime.ref=<frozen|policy>", "--correction.mode=<none|token_truncate", "--dual_clip=<float|null>"):
         assert needle in p.stdout, needle
