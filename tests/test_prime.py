@@ -1,20 +1,10 @@
 """PRIME's online PRM on a real FSDP2 model (tests/prime_worker.py in a subprocess). The 2-rank PRIME run in
 the RL loop is in tests/test_learning.py."""
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import result_of
 
 
 def test_prm_update_lowers_bce_and_update_modes(tiny):
-    p = subprocess.run([sys.executable, "tests/prime_worker.py", str(tiny / "model")], cwd=ROOT, capture_output=True,
-                       text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
-    assert p.returncode == 0 and line, p.stderr[-3000:]
-    out = json.loads(line[0][7:])
+    out = result_of(["tests/prime_worker.py", str(tiny / "model")])
     after = out["after"]
     assert all(x == 0.0 for r in after[0]["used"] for x in r), "the PRM starts equal to the reference: rewards 0"
     for k, s in enumerate(after):  # update=after: the rewards used come from the PRM before its step
