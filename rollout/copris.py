@@ -18,11 +18,21 @@ kept at any time, so every request runs to the end and nothing is aborted or buf
 keep_group rejects is replaced by a newly drawn one. In both modes more than `max_dropped`
 rejections in one call is an error, and so is a state with nothing in flight and nothing to draw.
 
-The engine needs: add(req_id, prompt_ids, params), step() -> [Delta], abort(req_ids),
+The engine needs: add(req_id, prompt_ids, params), step() -> [Delta] (below), abort(req_ids),
 sampling(max_tokens, temperature, top_p, seed, stop_token_ids, ignore_eos) (rollout/vllm_engine.py).
 """
 import hashlib
 from dataclasses import dataclass, field
+
+
+@dataclass
+class Delta:
+    """What one engine step produced for one request."""
+    req_id: str
+    token_ids: list[int]  # new tokens since the last step
+    logprobs: list[float]  # their sampling log-probs
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | "abort" | None
 
 
 @dataclass

@@ -38,22 +38,14 @@ from vllm import LLM, SamplingParams
 from vllm.lora.request import LoRARequest
 from vllm.sampling_params import RequestOutputKind
 
+from rollout.copris import Delta
+
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts (its LoRAConfig)
 
 
 class EngineStartError(RuntimeError):
     """The engine did not start; the message says what to change."""
-
-
-@dataclass
-class Delta:
-    """What one engine step produced for one request."""
-    req_id: str
-    token_ids: list[int]  # new tokens since the last step
-    logprobs: list[float]  # their sampling log-probs
-    finished: bool
-    finish_reason: str | None  # "stop" | "length" | "abort" | None
 
 
 @dataclass

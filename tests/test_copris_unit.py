@@ -6,15 +6,12 @@ that was aborted and resumed must end up equal to an uninterrupted one. A reques
 at stop_len(p, s) tokens (unless ignore_eos) or "length" at its max_tokens."""
 import json
 import re
-from collections import namedtuple
 from dataclasses import MISSING, fields
 
 import pytest
 
-from rollout.copris import CoprisScheduler, Group, Trajectory
+from rollout.copris import CoprisScheduler, Delta, Group, Trajectory
 
-# the fields of rollout.vllm_engine.Delta (importing that module imports vLLM)
-Delta = namedtuple("Delta", "req_id token_ids logprobs finished finish_reason")
 PROMPT_LEN = 3
 
 
