@@ -10,7 +10,7 @@ forward (logp), forward+backward (logp) and forward+backward (logp + entropy). T
 rounds that alternate the two paths, so both see the same load on a shared machine. Peak extra memory: each case
 in a fresh subprocess, peak RSS during the call (VmHWM reset just before) minus RSS before it (inputs allocated);
 the fwd+bwd figure includes the dlogits both paths must return, and "beyond dlogits" subtracts its N*V*elt bytes.
-CPU, fused lm_head -> PPO loss (issue 13): fused_linear_ppo_loss against the unfused path (logits = h @ W.T, then
+CPU, fused lm_head -> PPO loss: fused_linear_ppo_loss against the unfused path (logits = h @ W.T, then
 fused_logits_ppo_loss's CPU path, token_logprobs + ppo_loss, as the trainer runs today), forward+backward into fp32
 leaves h (T, H) and W (V, H) at T=4096, H=896, V=151936 (Qwen2.5-0.5B's head: logits are 2.5 GB in fp32). Each
 path runs once in a fresh subprocess: peak RSS growth during the call as above, its wall time and its CPU time.
@@ -139,7 +139,7 @@ def run_cpu(args) -> dict:
     print_table(rows, ["case", "impl", "ms", "p20", "p80", "peak_extra_MB", "beyond_dlogits_MB", "time_vs_naive",
                        "mem_vs_naive"])
     goal = {f"{r['case']} {k}": r[k] for r in rows if r["impl"] == "torch-chunked"
-            for k in ("time_vs_naive", "mem_vs_naive")}  # issue 3: mem <= 0.25 at time <= 1.2
+            for k in ("time_vs_naive", "mem_vs_naive")}  # the kernels' goal: mem <= 0.25 at time <= 1.2
     return dict(shapes=dict(N=args.n, V=args.v, dtype=args.dtype), goals=goal, results=rows)
 
 
@@ -314,7 +314,7 @@ def run_cuda(args) -> dict:
 
 
 def cuda_goals(rows, head, bw) -> dict:
-    """Issue 3's GPU goals at the head shape, from the measured rows (None where a case did not run)."""
+    """The kernels' GPU goals at the head shape, from the measured rows (None where a case did not run)."""
     T, V, dname = head
     at = {(r["impl"], r["mode"]): r for r in rows if (r["T"], r["V"], r["dtype"]) == (T, V, dname)
           and r.get("status") == "ok"}
@@ -368,7 +368,7 @@ def main() -> None:
     ap.add_argument("--only", choices=["logprobs", "fused-linear"],
                     help="CPU: only token_logprobs vs naive, or only the fused lm_head -> PPO loss case")
     ap.add_argument("--linear-shape", type=lambda v: tuple(map(int, v.split(","))), default=(4096, 896, 151936),
-                    help="CPU: T,H,V of the fused lm_head case (default issue 13's: Qwen2.5-0.5B's head)")
+                    help="CPU: T,H,V of the fused lm_head case (default: Qwen2.5-0.5B's head)")
     ap.add_argument("--memory-worker", choices=["naive", "torch-chunked"], help=argparse.SUPPRESS)
     ap.add_argument("--linear-worker", choices=["unfused", "fused"], help=argparse.SUPPRESS)
     ap.add_argument("--case", choices=CPU_CASES, help=argparse.SUPPRESS)

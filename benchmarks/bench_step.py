@@ -6,7 +6,7 @@ A table, then one JSON line last (device, versions, shapes, figures).
     python benchmarks/bench_step.py --synthetic --size 1.5b --max_response_len 8192   # training side, no engine
     python benchmarks/bench_step.py --synthetic --size tiny --steps 2                 # CPU smoke size (the test)
 
-Demo job (default; issue 13). The `make demo` RL job: runs/demo's SFT export and rl_train.jsonl when `make demo`
+Demo job (default). The `make demo` RL job: runs/demo's SFT export and rl_train.jsonl when `make demo`
 has run, else a cached small version of it under --cache (runs/bench_step): the same generators
 (data/arithmetic.py, data/tiny_model.py) with fewer rows and the trainer's SFT mode for --sft_steps steps in one
 process. configs/demo.yaml with --batch_groups=8 (64 completions per step), max_response_len 160, no evaluation.
@@ -15,7 +15,7 @@ the benchmark wraps trainer.rl_step to time each step (wall clock, slowest rank)
 (slowest rank per phase; "other" = wall minus the phases), and trainer.policy_update to keep the step's trained
 rows, on which the plain step then runs in the same process. Median over the steps after --warmup.
 
-Synthetic (--synthetic; issue 19). The training side of a step with no engine: random-token rollouts of --groups
+Synthetic (--synthetic). The training side of a step with no engine: random-token rollouts of --groups
 x --n_samples rows per rank, prompts uniform in [P/2, P] tokens (P = --max_prompt_len, one per group), response
 lengths drawn from the demo's measured length law (DEMO_RESPONSE_LEN) scaled by max_response_len / 160, random 0/1
 rewards (GRPO advantages), plus --buffered partial trajectories standing for the CoPRIS buffer (their old log-probs
