@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check (issue 19), about 8 minutes on one H200, on the machine's own torch/transformers/triton (no vLLM:
+# The GPU check, about 6-8 minutes on one H200, on the machine's own torch/transformers/triton (no vLLM:
 # nothing here imports it). Each step has its own time limit, so one hang cannot eat the budget:
 #   env       versions vs requirements.txt's pins (a difference is reported, never fatal); trainer/model import
 #             without pulling vllm in                                                                   45 s
