@@ -9,6 +9,7 @@ tokens, inside FSDP's forward.
 """
 import contextlib
 import hashlib
+import importlib.util
 import math
 import os
 import shutil
@@ -20,6 +21,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from transformers import AutoModelForCausalLM
 import torch.nn.functional as F
 
 from config import ConfigError
@@ -139,10 +144,6 @@ def build_model(path: str, device, trainable: bool, lora=None, checkpoint: bool 
     lora (trainer.LoraConfig) with rank > 0: PEFT adapters are added before wrapping and only they train (add_lora).
     checkpoint: activation checkpointing of the decoder layers (default: on CUDA, for trainable models); dropout is
     switched off everywhere (an RL update must see the distribution its old log-probs came from)."""
-    import importlib.util
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    from transformers import AutoModelForCausalLM
     attn = "flash_attention_2" if device.type == "cuda" and importlib.util.find_spec("flash_attn") else PACKED
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attn).to(device)
@@ -311,7 +312,6 @@ def push_adapter(model, engine, dtype=None) -> int:
 
 def trainable_state(model):
     """Checkpoint options: frozen parameters (a LoRA policy's base) are left out, model_path rebuilds them."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
     return StateDictOptions(ignore_frozen_params=True, strict=all(p.requires_grad for p in model.parameters()))
 
 

@@ -28,6 +28,9 @@ from typing import Literal
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from transformers import AutoTokenizer
 
 import config
 import launch
@@ -225,7 +228,6 @@ class Run:
         """-> (sharded: model and optimizer states for torch.distributed.checkpoint, this rank's: RNG, and on the
         first rank of an engine group the group's prompt cursor and CoPRIS buffer (identical on its ranks: saved
         once), shared: step, versions, counters, LR schedule and SFT order)."""
-        from torch.distributed.checkpoint.state_dict import get_state_dict
         model, optim = get_state_dict(self.policy, self.optim, options=trainable_state(self.policy))
         sharded = {"policy": model, "optim": optim}
         if isinstance(self.advantages, Prime):
@@ -242,7 +244,6 @@ class Run:
 
     def load_state_dict(self, sharded: dict, mine: dict, shared: dict) -> int:
         """Inverse of state_dict (sharded already filled in place by dcp.load); -> the step it was taken after."""
-        from torch.distributed.checkpoint.state_dict import set_state_dict
         set_state_dict(self.policy, self.optim, model_state_dict=sharded["policy"], optim_state_dict=sharded["optim"],
                        options=trainable_state(self.policy))
         if isinstance(self.advantages, Prime):
@@ -573,7 +574,6 @@ def save_checkpoint(run: Run, step: int) -> Path:
     """run.state_dict(): the sharded part through torch.distributed.checkpoint, each rank's part in rankN.pt, the
     shared part in manifest.json. Written to step_N.tmp, renamed to step_N when every rank is done: a folder
     without manifest.json is never taken for a checkpoint."""
-    import torch.distributed.checkpoint as dcp
     root = run.run_dir / "checkpoints"
     final, tmp = root / f"step_{step:06d}", root / f"step_{step:06d}.tmp"
     if run.rank == 0:
@@ -597,7 +597,6 @@ def save_checkpoint(run: Run, step: int) -> Path:
 def load_checkpoint(run: Run, path: Path) -> int:
     """Restore everything save_checkpoint wrote; -> the step it was taken after. A damaged checkpoint is a
     ConfigError naming the file."""
-    import torch.distributed.checkpoint as dcp
     sharded, _, _ = run.state_dict(0)
     try:
         dcp.load(sharded, checkpoint_id=str(path / "dcp"))
@@ -624,7 +623,6 @@ def setup(cfg: Config, trainable: bool = True) -> tuple[Run, Path | None]:
     random.seed(cfg.seed + rank)
     ckpt = start_run_dir(cfg, rank)
     report.setup_logging(Path(cfg.run_dir), rank)
-    from transformers import AutoTokenizer
     try:
         tok = AutoTokenizer.from_pretrained(cfg.model_path)
     except (OSError, ValueError) as e:

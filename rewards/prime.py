@@ -14,6 +14,7 @@ import math
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 import torch.nn.functional as F
 
 from kernels import implicit_prm_rewards
@@ -82,10 +83,8 @@ class Prime:
         return token_r, {"prm_loss": loss_sum / n_rows, "prm_acc": correct / n_rows}
 
     def state_dict(self) -> dict:
-        from torch.distributed.checkpoint.state_dict import get_state_dict
         model, optim = get_state_dict(self.model, self.optim)
         return {"model": model, "optim": optim}
 
     def load_state_dict(self, state: dict) -> None:
-        from torch.distributed.checkpoint.state_dict import set_state_dict
         set_state_dict(self.model, self.optim, model_state_dict=state["model"], optim_state_dict=state["optim"])

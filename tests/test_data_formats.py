@@ -78,14 +78,24 @@ def test_eval_mode_table_per_source_and_samples(tiny, tmp_path):
     assert all(s["score"] == 0.0 for s in samples)  # a random-init model never boxes the right answer
 
 
-def test_plot_command(tmp_path):
-    rows = [{"step": 0, "eval/greedy_acc": 0.1, "eval/mean@4": 0.1, "eval/pass@4": 0.2, "eval/rows": 5},
-            {"step": 1, "reward": 0.2, "response_len": 10, "response_len_p90": 14, "response_len_max": 20,
-             "time/rollout": 1.0, "time/update": 0.5}]
+@pytest.mark.parametrize("kind", ["rl", "sft", "empty"])
+def test_plot_command(tmp_path, kind):
+    """RL runs (with a mismatch panel), SFT runs (their step-0 data line and losses) and a folder with nothing to
+    plot: a picture, or exit 2 with the reason, never a traceback."""
+    rows = {"rl": [{"step": 0, "eval/greedy_acc": 0.1, "eval/mean@4": 0.1, "eval/pass@4": 0.2, "eval/rows": 5},
+                   {"step": 1, "reward": 0.2, "response_len": 10, "response_len_p90": 14, "response_len_max": 20,
+                    "mismatch/kl_k3": 1e-9, "time/rollout": 1.0, "time/update": 0.5}],
+            "sft": [{"step": 0, "data/train_rows": 10, "data/train_skipped": 0}] +
+                   [{"step": i, "sft_loss": 3.0 / i, "grad_norm": 1.0, "lr": 1e-3, "elapsed_s": i} for i in (1, 2, 3)],
+            "empty": []}[kind]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     p = subprocess.run([sys.executable, "trainer.py", "--plot", str(tmp_path)], cwd=ROOT, capture_output=True,
                        text=True, timeout=120)
-    assert p.returncode == 0 and (tmp_path / "plot.png").stat().st_size > 10_000
+    assert "Traceback" not in p.stderr, p.stderr[-2000:]
+    if kind == "empty":
+        assert p.returncode == 2 and "no metrics to plot" in p.stderr
+    else:
+        assert p.returncode == 0 and (tmp_path / "plot.png").stat().st_size > 10_000
 
 
 def test_eval_mode_needs_eval_data_and_loggers_are_optional(tiny):

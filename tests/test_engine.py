@@ -21,7 +21,7 @@ from transformers import AutoTokenizer
 tok = AutoTokenizer.from_pretrained(model_dir)
 text = "Ann has 3 apples. Ann gets 14 more. How many apples now? Answer: 3+14=17. \\boxed{17}"
 ids = tok(text, add_special_tokens=False)["input_ids"]
-out = {"engine_ids_equal": engine.llm.get_tokenizer()(text, add_special_tokens=False)["input_ids"] == ids}
+out = {"trainer_ids": ids, "engine_ids": engine.llm.get_tokenizer()(text, add_special_tokens=False)["input_ids"]}
 with torch.no_grad():  # move the policy away from the checkpoint the engine loaded
     for p in policy.parameters():
         p.add_(torch.randn_like(p) * 0.02)
@@ -40,7 +40,7 @@ out["sampled_logprob_max_diff"] = (logp.double() - torch.tensor(lps, dtype=torch
 out["n_sampled"], out["tokens"] = len(toks), toks
 # the same seed gives the same tokens whatever else runs in the batch
 again = engine.generate([prompt] * 3, [engine.sampling(24, 0.7, 1.0, s, [tok.eos_token_id]) for s in (7, 123, 9)])
-out["seed_batch_invariant"] = again[1][0] == toks
+out["tokens_in_a_batch"] = again[1][0]  # seed 123 again, now between two other requests
 # one PPO update with non-zero advantages changes the policy; the next push brings the engine along
 cfg = trainer.Config(model_path=model_dir, lr=1e-2, token_budget=512)
 optim, sched = trainer.make_optimizer(cfg, policy, 10)
@@ -50,7 +50,8 @@ rows = [model.Row(prompt, toks, torch.tensor(lps), torch.ones(len(toks))),
         model.Row(prompt, toks[:5], torch.tensor(lps[:5]), -torch.ones(5))]
 stats = trainer.policy_update(run, rows)
 after = dict(model.full_named_tensors(policy))
-out["update_changed_weights"] = any(not torch.equal(before[n], after[n]) for n in before)
+out["changed"] = sorted(n for n in before if not torch.equal(before[n], after[n]))
+out["params"] = sorted(before)
 out["grad_norm"] = stats["grad_norm"]
 out["version"] = run.policy_version
 out["push_bytes"] = trainer.push_weights_if_stale(run)
@@ -76,11 +77,11 @@ def parity(tiny, tmp_path, launcher: list[str], tp: int) -> dict[int, dict]:
     assert p.returncode == 0, p.stderr[-3000:]
     results = {int(f.stem[4:]): json.loads(f.read_text()) for f in sorted(tmp_path.glob("rank*.json"))}
     for rank, out in results.items():
-        assert out["engine_ids_equal"], f"rank {rank}"
+        assert out["engine_ids"] == out["trainer_ids"], f"rank {rank}: engine vs trainer token ids"
         assert out["prompt_logprob_max_diff"] < TOL, (rank, out)
         assert out["n_sampled"] > 0 and out["sampled_logprob_max_diff"] < TOL, (rank, out)
-        assert out["seed_batch_invariant"], f"rank {rank}"
-        assert out["update_changed_weights"] and out["grad_norm"] > 0 and out["version"] == 1, (rank, out)
+        assert out["tokens_in_a_batch"] == out["tokens"], f"rank {rank}: the seed's tokens changed with the batch"
+        assert out["changed"] and out["grad_norm"] > 0 and out["version"] == 1, (rank, out["changed"], out["grad_norm"])
         assert out["after_update_max_diff"] < TOL, (rank, out)
         assert out["push_bytes"] == out["param_bytes"], f"rank {rank}: pushed {out['push_bytes']} of {out['param_bytes']} bytes"
     return results

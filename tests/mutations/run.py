@@ -38,7 +38,7 @@ MUTANTS = [
      "if False:", ["tests/test_lifecycle.py", "-k", "refused_and_nothing"]),
     # model: packing
     ("packed positions do not restart per row", "model.py", "pos += range(len(r))", "pos += range(at, at + len(r))",
-     ["tests/test_trainer_phases.py", "-k", "packed"]),
+     ["tests/test_packing.py"]),
     # PRIME
     ("PRIME update=before stops recomputing rewards", "rewards/prime.py", "if self.recompute:", "if False:",
      ["tests/test_prime.py"]),
