@@ -75,7 +75,7 @@ MUTANTS = [
      "    with torch.no_grad():\n", ["tests/test_lora.py", "-k", "reference"]),
     ("packed attention scatters the padding", "kernels/packed_attention.py",
      "out[0][:, idx[real]] = o.transpose(0, 1)[:, real]", "out[0][:, idx] = o.transpose(0, 1)",
-     ["tests/test_trainer_phases.py", "-k", "packed"]),
+     ["tests/test_packing.py", "-k", "sdpa"]),
     # kernels
     ("PPO upper clip uses clip_low", "kernels/ppo_loss.py", "pg2 = -adv * ratio.clamp(1 - clip_low, 1 + clip_high)",
      "pg2 = -adv * ratio.clamp(1 - clip_low, 1 + clip_low)", ["tests/test_kernels.py", "-k", "ppo and torch"]),
