@@ -60,6 +60,7 @@ def test_chat_template_applied_when_the_model_has_one(tiny, tmp_path):
     assert tokenize_prompts(rows, tok, 3, chat_template=True) == ([], 2)  # over-length prompts skipped, counted
 
 
+@pytest.mark.slow
 def test_eval_mode_table_per_source_and_samples(tiny, tmp_path):
     rows = [json.loads(l) for l in open(tiny / "data" / "eval.jsonl")][:6]
     data = tmp_path / "eval.jsonl"
@@ -78,7 +79,8 @@ def test_eval_mode_table_per_source_and_samples(tiny, tmp_path):
     assert all(s["score"] == 0.0 for s in samples)  # a random-init model never boxes the right answer
 
 
-@pytest.mark.parametrize("kind", ["rl", "sft", "empty"])
+@pytest.mark.parametrize("kind", ["rl", pytest.param("sft", marks=pytest.mark.slow),
+                                  pytest.param("empty", marks=pytest.mark.slow)])
 def test_plot_command(tmp_path, kind):
     """RL runs (with a mismatch panel), SFT runs (their step-0 data line and losses) and a folder with nothing to
     plot: a picture, or exit 2 with the reason, never a traceback."""

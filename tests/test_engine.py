@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 PARITY = r'''
@@ -91,6 +93,7 @@ def test_weight_push_parity_and_tokenizer(tiny, tmp_path):
     assert list(parity(tiny, tmp_path, [sys.executable], tp=1)) == [0]
 
 
+@pytest.mark.slow
 def test_tensor_parallel_engine_parity_on_two_ranks(tiny, tmp_path):
     """tensor_parallel_size=2 over 2 torchrun ranks (each holds half the engine, the FSDP2 policy is sharded over
     both): every rank's engine log-probs match the trainer's after a push and after an update; both ranks sample
@@ -100,6 +103,7 @@ def test_tensor_parallel_engine_parity_on_two_ranks(tiny, tmp_path):
     assert results[0]["tokens"] == results[1]["tokens"], "ranks 0 and 1 of one engine sampled different tokens"
 
 
+@pytest.mark.slow
 def test_engine_start_failure_says_what_to_change(tiny, tmp_path):
     """A model vLLM's CPU attention can't run (head_dim 16) fails at start with the sizes it supports."""
     import shutil
@@ -114,6 +118,7 @@ def test_engine_start_failure_says_what_to_change(tiny, tmp_path):
     assert "vLLM engine failed to start" in p.stderr and "supports head sizes [32, 64, 80" in p.stderr, p.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_kv_cache_bigger_than_memory_says_lower_it(tiny):
     p = start_engine_in_subprocess(tiny / "model", {"VLLM_CPU_KVCACHE_SPACE": "100000"})
     assert p.returncode != 0

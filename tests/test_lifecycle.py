@@ -28,6 +28,7 @@ def stop_with(proc, target: str, sig) -> None:
     os.kill(pid, sig)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher, target, sig", [
     ("launcher-2", "launcher", signal.SIGTERM),  # kill -TERM <pid> of `python trainer.py --nproc_per_node 2`
     ("launcher-1", "group", signal.SIGINT),  # Ctrl-C in a terminal: SIGINT to the foreground process group
@@ -64,6 +65,7 @@ def finished(tiny, tmp_path_factory):
     return run_dir, p
 
 
+@pytest.mark.slow
 def test_last_step_is_checkpointed_and_console_is_quiet(finished):
     run_dir, p = finished
     assert [c.name for c in complete_checkpoints(run_dir / "checkpoints")] == ["step_000001", "step_000002"]
@@ -75,6 +77,7 @@ def test_last_step_is_checkpointed_and_console_is_quiet(finished):
     assert first["step"] == 0 and first["data/train_rows"] + first["data/train_skipped"] == 400
 
 
+@pytest.mark.slow
 def test_used_run_dir_is_refused_and_nothing_is_lost(tiny, finished):
     run_dir, _ = finished
     before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
@@ -86,6 +89,7 @@ def test_used_run_dir_is_refused_and_nothing_is_lost(tiny, finished):
     assert after == before
 
 
+@pytest.mark.slow
 def test_rank_count_mismatch_is_refused_before_anything_starts(tiny, finished):
     run_dir, _ = finished
     config = (run_dir / "config.yaml").read_text()
@@ -95,6 +99,7 @@ def test_rank_count_mismatch_is_refused_before_anything_starts(tiny, finished):
     assert (run_dir / "config.yaml").read_text() == config
 
 
+@pytest.mark.slow
 def test_resume_into_a_new_run_dir_and_extend(tiny, finished, tmp_path):
     run_dir, _ = finished
     ckpt = complete_checkpoints(run_dir / "checkpoints")[-1]
@@ -103,6 +108,7 @@ def test_resume_into_a_new_run_dir_and_extend(tiny, finished, tmp_path):
     assert [r["step"] for r in metrics(tmp_path)] == [3]  # steps 1-2 live in the first run's folder
 
 
+@pytest.mark.slow
 def test_overwrite_clears_the_old_run(tiny, tmp_path):
     (tmp_path / "checkpoints" / "step_000009").mkdir(parents=True)
     (tmp_path / "checkpoints" / "step_000009" / "manifest.json").write_text("{}")
@@ -113,6 +119,7 @@ def test_overwrite_clears_the_old_run(tiny, tmp_path):
     assert [r["step"] for r in metrics(tmp_path)] == [0, 1]
 
 
+@pytest.mark.slow
 def test_errors_in_a_rank_keep_their_exit_code_under_the_launcher(tiny, tmp_path):
     """A problem found only once the ranks run (here every prompt is over max_prompt_len) is said once, exit 2."""
     p = run(trainer_cmd(2, *rl_args(tiny, tmp_path, "--max_prompt_len=2")))

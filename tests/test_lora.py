@@ -23,6 +23,7 @@ def worker(tiny):
     return result_of(["tests/lora_worker.py", str(tiny / "model")])
 
 
+@pytest.mark.slow
 def test_only_adapter_parameters_train(worker):
     assert worker["optim_params"] == worker["trainable"], f"optimizer holds {worker['optim_params']} parameters, " \
                                                           f"the adapter {worker['trainable']}"
@@ -34,6 +35,7 @@ def test_only_adapter_parameters_train(worker):
         f"adapter tensors (of {worker['n_adapter']}) two updates left unchanged: {worker['adapter_unchanged']}"
 
 
+@pytest.mark.slow
 def test_reference_with_the_adapter_disabled_is_the_base_model(worker):
     assert worker["policy_vs_base"] > 1e-2, f"the update barely moved the policy ({worker['policy_vs_base']}): " \
                                             f"the reference check below could not fail"
@@ -41,6 +43,7 @@ def test_reference_with_the_adapter_disabled_is_the_base_model(worker):
     assert worker["adapter_enabled_after_ref"], "the adapter stayed disabled (or frozen) after the reference forward"
 
 
+@pytest.mark.slow
 def test_engine_matches_trainer_after_each_adapter_push(worker):
     for k in ("1", "2"):
         assert worker[f"push{k}_bytes"] == 4 * worker["trainable"], f"push {k}: {worker[f'push{k}_bytes']} bytes, " \
@@ -51,6 +54,7 @@ def test_engine_matches_trainer_after_each_adapter_push(worker):
         assert worker[k] < TOL, f"{k}: engine vs trainer log-probs differ by {worker[k]}"
 
 
+@pytest.mark.slow
 def test_resumed_requests_continue_under_the_new_adapter(worker):
     """Tokens sampled before the push keep the base's log-probs (version 0), those after it have the new
     adapter's: the resumed request used the adapter of the version that continued it."""
@@ -79,6 +83,7 @@ def lora_run(tiny, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_prime_run_pushes_the_adapter_only(lora_run):
     rows = [json.loads(l) for l in open(lora_run / "metrics.jsonl")][1:]
     assert [r["step"] for r in rows] == [1, 2]
@@ -102,6 +107,7 @@ def hf_logprobs(model) -> list[float]:
     return lp.gather(1, torch.tensor(SEQ[1:])[:, None])[:, 0].tolist()
 
 
+@pytest.mark.slow
 def test_export_loads_in_peft_transformers_and_vllm(lora_run, tiny):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM

@@ -101,6 +101,7 @@ def test_masked_tokens_leave_numerator_and_denominator(world_of_one, agg):
         assert all(abs(a - b) < 1e-7 for a, b in zip(g, w)), f"{agg} row {i}: {g} vs {w}"
 
 
+@pytest.mark.slow
 def test_injected_mismatch_is_measured_and_corrected(tiny):
     out = result_of(["tests/mismatch_worker.py", str(tiny / "model")])
     clean, injected = out["clean"], out["injected"]

@@ -31,11 +31,12 @@ def kill_and_resume(cmd_for, run_dir, steps_key="step"):
 
 @pytest.mark.parametrize("name, nproc, extra", [
     ("grpo-2ranks", 2, []),
-    ("prime-1rank", 1, ["--prime.enabled=true", "--prime.filter_low=0", "--prime.filter_high=1", "--prime.lr=1e-3"]),
+    pytest.param("prime-1rank", 1, ["--prime.enabled=true", "--prime.filter_low=0", "--prime.filter_high=1",
+                                    "--prime.lr=1e-3"], marks=pytest.mark.slow),
     # LoRA with adapter dropout (the RNG state matters) and k3 KL to the base (the adapter disabled)
-    ("lora-1rank", 1, ["--lora.rank=8", "--lora.dropout=0.1", "--kl_coef=0.01"]),
+    pytest.param("lora-1rank", 1, ["--lora.rank=8", "--lora.dropout=0.1", "--kl_coef=0.01"], marks=pytest.mark.slow),
     # one engine over both ranks: the group's prompt cursor and CoPRIS buffer are saved once, by its first rank
-    ("grpo-2ranks-tp2", 2, ["--engine.tensor_parallel_size=2"]),
+    pytest.param("grpo-2ranks-tp2", 2, ["--engine.tensor_parallel_size=2"], marks=pytest.mark.slow),
 ])
 def test_sigkill_then_resume_matches_uninterrupted_run(tiny, tmp_path, name, nproc, extra):
     def cmd(run_dir):
@@ -67,6 +68,7 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tiny, tmp_path, name, npr
         assert any(k.startswith("optim.state.") for k in keys), f"no optimizer state: {list(keys)[:5]}"
 
 
+@pytest.mark.slow
 def test_sft_resume_matches_uninterrupted_run(tiny, tmp_path):
     def cmd(run_dir):
         return lambda more: trainer_cmd(None, "--mode=sft", f"--model_path={tiny / 'model'}",

@@ -1,4 +1,6 @@
 """The trainer's reward dispatch (rewards/pool.py score_row) by the row's task field, through the pool."""
+import pytest
+
 from data.triton_tasks import task_rows
 from rewards.pool import RewardPool
 
@@ -20,6 +22,7 @@ def test_rows_are_scored_by_their_task():
     assert out[2][1]["reason"].startswith("lint_") and out[4][1]["reason"] == "unknown_task"
 
 
+@pytest.mark.slow
 def test_triton_eval_reads_the_trainers_eval_samples_and_checks_a_solution(tmp_path):
     import json
     import subprocess
