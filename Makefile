@@ -40,7 +40,7 @@ demo: install
 	$(PY) trainer.py --nproc_per_node 2 --config configs/demo_sft.yaml --overwrite=true
 	$(PY) trainer.py --nproc_per_node 2 --config configs/demo.yaml --overwrite=true
 
-# The quick loop (about 6 min): every test but those marked slow. test-slow: the slow ones (about 11 min: resume of
+# The quick loop (about 6 min): every test but those marked slow. test-slow: the slow ones (about 13 min: resume of
 # PRIME/LoRA/TP runs, signals, end to end, LoRA, every shipped Triton solution). CI runs both; test-all: one go.
 test: install
 	$(PY) -m pytest -q tests -m "not slow"
