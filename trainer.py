@@ -610,6 +610,17 @@ def load_checkpoint(run: Run, path: Path) -> int:
     return run.load_state_dict(sharded, {**first, **mine}, read_manifest(path))
 
 
+def resume_or_start(run: Run, ckpt: Path | None, step0) -> int:
+    """Restore `ckpt` and say so (-> its step), or, starting fresh, log step 0: step0() -> its metrics (-> 0)."""
+    if ckpt is None:
+        log(run, {"step": 0, **step0()})
+        return 0
+    start = load_checkpoint(run, ckpt)
+    if run.rank == 0:
+        print(f"resumed from {ckpt} (step {start})")
+    return start
+
+
 # ---------------------------------------------------------------------------------------------
 # Modes
 # ---------------------------------------------------------------------------------------------
@@ -746,11 +757,7 @@ def train_rl(cfg: Config) -> None:
         stop_token_ids=[run.tok.eos_token_id], seed=cfg.seed, enabled=cfg.copris.enabled,
         staleness_cap=cfg.copris.staleness_cap)
     try:
-        start = load_checkpoint(run, ckpt) if ckpt else 0
-        if start:
-            print(f"resumed from {ckpt} (step {start})") if run.rank == 0 else None
-        else:
-            log(run, {"step": 0, **counts, **(evaluate(run) if run.eval_rows else {})})
+        start = resume_or_start(run, ckpt, lambda: {**counts, **(evaluate(run) if run.eval_rows else {})})
 
         def evaluate_at(step: int) -> dict:
             due = (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps
@@ -794,11 +801,7 @@ def train_sft(cfg: Config) -> None:
     steps = cfg.sft_epochs * (len(run.sft_data) // cfg.sft_batch_rows) if cfg.sft_epochs else cfg.steps
     run.optim, run.sched = make_optimizer(cfg, run.policy, steps)
     run.sft_gen.manual_seed(cfg.seed)
-    start = load_checkpoint(run, ckpt) if ckpt else 0
-    if start:
-        print(f"resumed from {ckpt} (step {start})") if run.rank == 0 else None
-    else:
-        log(run, {"step": 0, **counts})
+    start = resume_or_start(run, ckpt, lambda: counts)
     seconds = train_loop(run, start, steps, sft_step, "sft")
     if run.rank == 0 and seconds is not None:
         print(f"sft: {steps - start} steps in {seconds:.0f} s; export: {run.run_dir / 'export'}")
