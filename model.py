@@ -21,11 +21,14 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
+from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict
+from peft.tuners.lora import LoraLayer
+from safetensors.torch import save_file
 from torch.distributed.checkpoint.state_dict import StateDictOptions
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import AutoModelForCausalLM
-import torch.nn.functional as F
 
 from config import ConfigError
 from kernels import linear_token_logprobs
@@ -205,7 +208,6 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 def add_lora(model, lora):
     """-> a PEFT model with LoRA adapters (rank r, alpha, dropout) on the modules named lora.target_modules; every
     other parameter is frozen. B starts at 0: the policy starts as the base model. W x + (alpha / r) B A x."""
-    from peft import LoraConfig, get_peft_model
     if "lm_head" in lora.target_modules:
         raise ConfigError("lora.target_modules: lm_head is the packed loss's Head and takes no adapter")
     try:
@@ -232,14 +234,12 @@ def full_named_tensors(model, dtype=None, trainable_only: bool = False):
 
 def adapter_tensors(model, dtype=None) -> dict[str, torch.Tensor]:
     """A LoRA policy's adapter: {PEFT's saved name (...q_proj.lora_A.weight): full tensor}; a collective."""
-    from peft import get_peft_model_state_dict
     return get_peft_model_state_dict(model, dict(full_named_tensors(model, dtype, trainable_only=True)))
 
 
 def save_adapter(model, tensors: dict, folder: Path, tok=None) -> None:
     """A PEFT adapter folder (adapter_config.json, adapter_model.safetensors, the tokenizer if given) that PEFT and
     vLLM load."""
-    from safetensors.torch import save_file
     folder.mkdir(parents=True, exist_ok=True)
     model.peft_config["default"].save_pretrained(str(folder))
     save_file({n: t.cpu().contiguous() for n, t in tensors.items()}, str(folder / "adapter_model.safetensors"),
@@ -251,7 +251,6 @@ def save_adapter(model, tensors: dict, folder: Path, tok=None) -> None:
 def hf_state(model) -> dict[str, torch.Tensor]:
     """{HF name: full CPU tensor}, what from_pretrained reads; a LoRA policy's adapters are folded into their base
     layers, W + (alpha / r) B A (PEFT's merge). A collective: all ranks call."""
-    from peft.tuners.lora import LoraLayer
     state = {n.removeprefix("base_model.model."): t.cpu().contiguous() for n, t in full_named_tensors(model)}
     for name, m in model.named_modules():
         if isinstance(m, LoraLayer):
@@ -265,7 +264,6 @@ def hf_state(model) -> dict[str, torch.Tensor]:
 
 def save_hf(config, state: dict, folder: Path, tok) -> None:
     """An HF model folder (config, model.safetensors, tokenizer) from hf_state's tensors."""
-    from safetensors.torch import save_file
     folder.mkdir(parents=True, exist_ok=True)
     if getattr(config, "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)
@@ -278,7 +276,6 @@ def export_hf(model, tok, out: Path, merged: bool = False) -> None:
     """HF folder (config, model.safetensors, tokenizer) that transformers and vLLM load. A LoRA policy's is the
     adapter in PEFT format (with the tokenizer) and, if merged, out/merged: the HF folder of the base with the
     adapter folded in. Written to out.tmp, renamed once complete; all ranks call (a collective)."""
-    from peft import PeftModel
     lora = isinstance(model, PeftModel)
     adapter = adapter_tensors(model) if lora else None
     state = hf_state(model) if merged or not lora else None
@@ -317,7 +314,6 @@ def trainable_state(model):
 
 def adapter_disabled(model):
     """Context: a LoRA policy runs as its base model (PEFT's disable_adapter); any other model as it is."""
-    from peft import PeftModel
     return model.disable_adapter() if isinstance(model, PeftModel) else contextlib.nullcontext()
 
 
