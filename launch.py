@@ -22,11 +22,11 @@ import signal
 import sys
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 import yaml
 
 from config import ConfigError
+from model import all_max
 
 
 def read_manifest(path: Path) -> dict:
@@ -102,9 +102,7 @@ class StopSignal:
 
     def agreed(self, device) -> bool:
         """True on every rank once any rank got a signal."""
-        flag = torch.tensor([float(self.raised)], device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+        return all_max(int(self.raised), device) > 0
 
 
 LAUNCHER_FLAGS = ("--nproc_per_node", "--nnodes", "--node_rank", "--master_addr", "--master_port")
