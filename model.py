@@ -140,16 +140,22 @@ class Head(torch.nn.Module):
         return F.linear(h, self.weight, self.bias) if self.fn is None else self.fn(h[0], self.weight)
 
 
+def attention_for(device) -> str:
+    """The packed forwards' attention: flash-attn's varlen kernel when installed on CUDA (contiguous rows only), else
+    PACKED, sdpa per row, where rows with the same prompt share one copy of it."""
+    return "flash_attention_2" if device.type == "cuda" and importlib.util.find_spec("flash_attn") else PACKED
+
+
 def build_model(path: str, device, trainable: bool, lora=None, checkpoint: bool | None = None):
     """AutoModelForCausalLM from a local folder, lm_head -> Head, fully_shard on every decoder layer and the root.
     fp32 parameters; on CUDA the forward runs in bf16 (MixedPrecisionPolicy), grads reduce in fp32. Attention is
-    packed (kernels/packed_attention.py): flash-attn's varlen kernel when installed on CUDA, else sdpa per row.
+    packed (kernels/packed_attention.py, attention_for).
     lora (trainer.LoraConfig) with rank > 0: PEFT adapters are added before wrapping and only they train (add_lora).
     checkpoint: activation checkpointing of the decoder layers (default: on CUDA, for trainable models); dropout is
     switched off everywhere (an RL update must see the distribution its old log-probs came from)."""
-    attn = "flash_attention_2" if device.type == "cuda" and importlib.util.find_spec("flash_attn") else PACKED
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attn).to(device)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                     attn_implementation=attention_for(device)).to(device)
     except Exception as e:  # safetensors, transformers and torch each raise their own types for a damaged folder
         raise ConfigError(f"model_path {path}: the model does not load ({type(e).__name__}: {str(e)[:300]})") from None
     if model.lm_head.bias is not None or getattr(model.config, "final_logit_softcapping", None):
@@ -334,35 +340,65 @@ DUMMY = Row([0], [0])  # a rank's padding micro-batch: one token, zero weight
 
 
 def micro_batches(rows: list[Row], budget: int, device) -> list[list[int]]:
-    """Row indices in groups of at most `budget` real tokens (longest rows first). Every rank gets the same
-    number (FSDP's collectives must match): a rank with fewer gets empty ones, which run DUMMY."""
+    """Row indices in groups of at most `budget` computed tokens, largest first. Where prompts are shared
+    (attention_for(device) is PACKED), rows with the same prompt stay together as far as the budget allows and their
+    prompt counts once. Every rank gets the same number (FSDP's collectives must match): a rank with fewer gets empty
+    ones, which run DUMMY."""
+    share = attention_for(device) == PACKED
+    units: dict = {}  # prompt (or row) -> its rows
+    for i, r in enumerate(rows):
+        units.setdefault(tuple(r.prompt_ids) if share else i, []).append(i)
+    pieces = []  # (computed tokens, row indices): a unit, split where it exceeds the budget
+    for idx in units.values():
+        cur, size = [], 0
+        for i in idx:
+            if cur and size + len(rows[i].response) > budget:
+                pieces.append((size, cur))
+                cur, size = [], 0
+            size += len(rows[i].response) if cur else len(rows[i])
+            cur.append(i)
+        pieces.append((size, cur))
     batches, cur, size = [], [], 0
-    for i in sorted(range(len(rows)), key=lambda i: -len(rows[i])):
-        if cur and size + len(rows[i]) > budget:
+    for n, piece in sorted(pieces, key=lambda p: -p[0]):
+        if cur and size + n > budget:
             batches.append(cur)
             cur, size = [], 0
-        cur.append(i)
-        size += len(rows[i])
+        cur += piece
+        size += n
     batches += [cur] if cur else []
     return batches + [[] for _ in range(all_max(len(batches), device) - len(batches))]
 
 
 def packed_forward(model, rows: list[Row], device, fn):
-    """One forward over `rows` packed into a (1, S) sequence of real tokens (positions restart per row, attention
-    stays inside a row). fn(h (N, H), weight (V, H)) runs on the hidden states of the N positions that predict
-    response tokens, rows in order, inside FSDP's forward; -> what fn returns. Targets: cat(r.response)."""
-    ids, pos, keep, at = [], [], [], 0
-    for r in rows:
-        ids += r.prompt_ids + r.response
-        pos += range(len(r))
-        keep += range(at + len(r.prompt_ids) - 1, at + len(r) - 1)
-        at += len(r)
+    """One forward over `rows` packed into a (1, S) sequence of real tokens, positions restarting per row, attention
+    inside a row. Where prompts are shared (attention_for(device) is PACKED), rows with the same prompt form one
+    segment [prompt, response_1, ..., response_K], each response at positions P.. after the one prompt copy; else
+    each row is its own [prompt, response]. fn(h (N, H), weight (V, H)) runs on the hidden states of the N positions
+    that predict response tokens, rows in order (a shared prompt's last position once per row), inside FSDP's
+    forward; -> what fn returns. Targets: cat(r.response)."""
+    share = attention_for(device) == PACKED
+    segments: dict = {}  # prompt (or row) -> its rows, in first-seen order
+    for i, r in enumerate(rows):
+        segments.setdefault(tuple(r.prompt_ids) if share else i, []).append(i)
+    ids, pos, keep, layout = [], [], [None] * len(rows), []
+    for members in segments.values():
+        prompt = rows[members[0]].prompt_ids
+        P = len(prompt)
+        last = len(ids) + P - 1  # the position that predicts every member's first response token
+        ids += prompt
+        pos += range(P)
+        for i in members:
+            L = len(rows[i].response)
+            keep[i] = [last, *range(len(ids), len(ids) + L - 1)][:L]
+            ids += rows[i].response
+            pos += range(P, P + L)
+        layout.append((P, [len(rows[i].response) for i in members]))
     head = model.get_output_embeddings()
     head.fn = fn
     try:
         return model(input_ids=torch.tensor([ids], device=device), position_ids=torch.tensor([pos], device=device),
-                     logits_to_keep=torch.tensor(keep, device=device),
-                     **packed_kwargs([len(r) for r in rows], device)).logits
+                     logits_to_keep=torch.tensor([k for ks in keep for k in ks], device=device),
+                     **packed_kwargs(layout, device, varlen=not share)).logits
     finally:
         head.fn = None
 

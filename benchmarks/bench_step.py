@@ -41,10 +41,12 @@ AdamW (the trainer's lr and clip). With N ranks each rank runs it on its own row
 replicas without gradient all-reduce); the slowest counts.
 
 Tokens: real = prompt + response tokens of the rows handed to model.packed_forward (its 1-token DUMMY rows not
-counted); computed = input_ids.numel() as the policy's forward receives them (a forward pre-hook), i.e. what the
-model computes on, DUMMY rows and any padding included. padding_frac = 1 - real / computed. Both are split into
-trained (grad enabled) and forward-only (no grad: old log-probs, reference) tokens, summed over ranks.
-MFU (CUDA): N = parameters doing matmuls (embedding excluded unless tied to the lm_head); 6N FLOPs per trained real
+counted), split into trained (grad enabled) and forward-only (no grad: old log-probs, reference) tokens; laid out =
+the same with each distinct prompt of a call counted once where packed_forward shares prompts (model.attention_for
+is PACKED), else real; computed = input_ids.numel() as the policy's forward receives them (a forward pre-hook), i.e.
+what the model computes on, DUMMY rows and any padding included. padding_frac = 1 - laid out / computed;
+shared_prompt_frac = 1 - laid out / real (the row tokens a shared prompt saves). All summed over ranks.
+MFU (CUDA): N = parameters doing matmuls (embedding excluded unless tied to the lm_head); 6N FLOPs per trained laid-out
 token + 2N per forward-only one, attention's quadratic term not counted, over step_s x ranks x --peak_tflops.
 Memory: CPU peak RSS (VmHWM) per rank, the largest; CUDA torch.cuda.max_memory_allocated.
 Every figure is the median over the timed steps of its per-step value (sums such as step_s and plain_step_s are
@@ -137,7 +139,11 @@ class TokenCount:
         orig = M.packed_forward
 
         def counted(model, rows, device, fn):
-            self.real[self.kind()] += sum(len(r) for r in rows if r is not DUMMY)
+            real = [r for r in rows if r is not DUMMY]
+            prompts = {tuple(r.prompt_ids) for r in real} if M.attention_for(device) == M.PACKED else \
+                [r.prompt_ids for r in real]
+            self.real[self.kind()] += sum(len(r) for r in real)
+            self.laid[self.kind()] += sum(len(r.response) for r in real) + sum(len(p) for p in prompts)
             return orig(model, rows, device, fn)
         M.packed_forward = trainer.packed_forward = counted  # the module attributes both files call through
 
@@ -146,7 +152,7 @@ class TokenCount:
         return "train" if torch.is_grad_enabled() else "forward"
 
     def reset(self) -> None:
-        self.real, self.computed = {"train": 0, "forward": 0}, {"train": 0, "forward": 0}
+        self.real, self.laid, self.computed = ({"train": 0, "forward": 0} for _ in range(3))
 
     def watch(self, model) -> None:
         def fed(module, args, kwargs):
@@ -235,10 +241,10 @@ def slowest(values: dict, device) -> dict:
 
 
 def token_figures(count: TokenCount, device) -> dict:
-    real_t, real_f, comp_t, comp_f = all_sum([count.real["train"], count.real["forward"], count.computed["train"],
-                                              count.computed["forward"]], device)
+    real_t, real_f, laid_t, laid_f, comp = all_sum([count.real["train"], count.real["forward"], count.laid["train"],
+                                                    count.laid["forward"], sum(count.computed.values())], device)
     return {"trained_tokens": real_t, "forward_only_tokens": real_f, "real_tokens": real_t + real_f,
-            "computed_tokens": comp_t + comp_f}
+            "laid_trained_tokens": laid_t, "laid_tokens": laid_t + laid_f, "computed_tokens": comp}
 
 
 # ---------------------------------------------------------------- demo job
@@ -459,7 +465,7 @@ def synthetic_worker(args) -> dict:
     plain_memory = peak_memory(device)
     timed_steps = steps[args.warmup:]
     med = {k: statistics.median(s[k] for s in timed_steps) for k in timed_steps[0]}
-    flops = n_matmul * (6 * med["trained_tokens"] + 2 * med["forward_only_tokens"])
+    flops = n_matmul * (6 * med["laid_trained_tokens"] + 2 * (med["laid_tokens"] - med["laid_trained_tokens"]))
     plain_flops = n_matmul * 6 * med["trained_tokens"]
     extra = dict(tokens_per_s=med["trained_tokens"] / med["step"],
                  plain_tokens_per_s=med["trained_tokens"] / med["plain_step"], matmul_params=n_matmul,
@@ -532,16 +538,20 @@ def report(args, res: dict) -> dict:
     rows.append(dict(step="plain", phase="total", s=round(med["plain_step"], 4), share=1.0))
     rows += [dict(step="plain", phase=f"({p})", s=round(med[p], 4)) for p in PLAIN_WAYS]
     print_table(rows, ["step", "phase", "s", "share"])
-    padding = 1 - med["real_tokens"] / max(1, med["computed_tokens"])
+    padding = 1 - med["laid_tokens"] / max(1, med["computed_tokens"])
+    shared = 1 - med["laid_tokens"] / max(1, med["real_tokens"])
     print(f"tokens per step (median): real {med['real_tokens']:.0f} (trained {med['trained_tokens']:.0f}, "
-          f"forward-only {med['forward_only_tokens']:.0f}), computed {med['computed_tokens']:.0f}, "
-          f"padding {padding:.1%}; peak memory (MiB): {res['memory']}")
+          f"forward-only {med['forward_only_tokens']:.0f}), laid out {med['laid_tokens']:.0f} (shared prompts save "
+          f"{shared:.1%}), computed {med['computed_tokens']:.0f}, padding {padding:.1%}; "
+          f"peak memory (MiB): {res['memory']}")
     out = dict(bench="step", device=device_name(device), versions=versions(), shapes=res["shapes"],
                step_s=step, plain_step_s=med["plain_step"], step_vs_plain=step / med["plain_step"],
                update_vs_plain_fwd_bwd=med["update"] / med["plain_fwd_bwd"], padding_frac=padding,
+               shared_prompt_frac=shared,
                old_logprob_share=med["old_logprobs"] / step, **res["memory"],
                **{f"{p}_s": med[p] for p in phases + plain + PLAIN_WAYS}, real_tokens=med["real_tokens"],
-               computed_tokens=med["computed_tokens"], trained_tokens=med["trained_tokens"],
+               laid_tokens=med["laid_tokens"], computed_tokens=med["computed_tokens"],
+               trained_tokens=med["trained_tokens"],
                forward_only_tokens=med["forward_only_tokens"], **res.get("extra", {}))
     lengths = res.get("lengths")
     if lengths:

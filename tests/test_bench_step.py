@@ -25,7 +25,8 @@ def test_synthetic_tiny_json_line():
     assert all(math.isfinite(out[k]) and out[k] > 0 for k in ("step_vs_plain", "update_vs_plain_fwd_bwd",
                                                              "old_logprob_share", "tokens_per_s")), out
     assert 0 <= out["padding_frac"] <= 0.10, out["padding_frac"]
-    # 2 groups x 2 samples trained, 4 buffered rows forwarded, no DUMMY rows at one rank
-    assert out["trained_tokens"] > 0 and out["forward_only_tokens"] > 0 and out["real_tokens"] == out["computed_tokens"]
+    # 2 groups x 2 samples trained (each group's prompt laid out once), 4 buffered rows forwarded, no DUMMY rows
+    assert out["trained_tokens"] > 0 and out["forward_only_tokens"] > 0 and out["laid_tokens"] == out["computed_tokens"]
+    assert 0 < out["shared_prompt_frac"] < 0.5 and out["laid_tokens"] < out["real_tokens"], out
     assert out["checkpoint"]["ok"], out["checkpoint"]
     assert out["mfu"] is None and out["shapes"]["size"] == "tiny"

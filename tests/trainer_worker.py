@@ -73,6 +73,8 @@ def main(model_dir: str, out_path: str) -> None:
 
 def single_rank_checks(model_dir, device, vocab, out) -> None:
     rows = rows_of(2, 6, vocab)
+    for i, j in ((1, 0), (2, 0), (4, 3)):  # two groups share a prompt: packed with one copy of it
+        rows[i].prompt_ids = rows[j].prompt_ids
     # 3. packed log-probs and gradients == a plain HF forward of each row alone (sdpa, no padding, no FSDP)
     run = make_run(model_dir, 0, 1, device)
     plain = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")

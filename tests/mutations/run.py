@@ -37,8 +37,13 @@ MUTANTS = [
     ("used run_dir overwritten silently", "launch.py", "if cfg.resume == \"off\" and used and not cfg.overwrite:",
      "if False:", ["tests/test_lifecycle.py", "-k", "refused_and_nothing"]),
     # model: packing
-    ("packed positions do not restart per row", "model.py", "pos += range(len(r))", "pos += range(at, at + len(r))",
+    ("packed positions do not restart per row", "model.py", "pos += range(P)\n", "pos += range(len(ids) - P, len(ids))\n",
      ["tests/test_packing.py"]),
+    ("shared-prompt responses restart at 0", "model.py", "pos += range(P, P + L)", "pos += range(L)",
+     ["tests/test_packing.py"]),
+    ("shared-prompt rows predict their first token from the wrong position", "model.py",
+     "keep[i] = [last, *range(len(ids), len(ids) + L - 1)][:L]", "keep[i] = [len(ids) - 1, *range(len(ids), len(ids) + L - 1)][:L]",
+     ["tests/test_trainer_phases.py", "-k", "packed"]),
     # PRIME
     ("PRIME update=before stops recomputing rewards", "rewards/prime.py", "if self.recompute:", "if False:",
      ["tests/test_prime.py"]),
@@ -74,7 +79,7 @@ MUTANTS = [
     ("LoRA reference keeps the adapter on", "trainer.py", "    with adapter_disabled(run.ref):\n",
      "    with torch.no_grad():\n", ["tests/test_lora.py", "-k", "reference"]),
     ("packed attention scatters the padding", "kernels/packed_attention.py",
-     "out[0][:, idx[real]] = o.transpose(0, 1)[:, real]", "out[0][:, idx] = o.transpose(0, 1)",
+     "src = write.flatten().nonzero()[:, 0]", "src = torch.arange(write.numel())",
      ["tests/test_packing.py", "-k", "sdpa"]),
     # kernels
     ("PPO upper clip uses clip_low", "kernels/ppo_loss.py", "pg2 = -adv * ratio.clamp(1 - clip_low, 1 + clip_high)",
