@@ -8,6 +8,7 @@ MAX_ANSWER_CHARS and MAX_DEPTH), so a huge or deeply nested completion returns p
 and the comparison each run under math-verify's own timeout (a SIGALRM, main thread only). The
 reward pool adds a hard per-sample wall limit on top (rewards/pool.py).
 """
+import functools
 import re
 import threading
 
@@ -60,6 +61,12 @@ def last_boxed(text: str) -> tuple[str | None, str]:
     return None, ("too_long" if end - i > MAX_ANSWER_CHARS else "no_answer")
 
 
+@functools.lru_cache(maxsize=4096)
+def gold(answer: str, timeout) -> list:
+    """math-verify's parse of a gold answer, cached (a group's samples share it; sympy expressions are immutable)."""
+    return parse(f"${answer}$", _CONFIG, parsing_timeout=timeout, raise_on_error=True)
+
+
 def math_reward(completion: str, answer: str) -> tuple[float, dict]:
     """1.0 if the last boxed answer equals `answer` (math-verify: fractions, decimals, radicals...)."""
     pred, reason = last_boxed(completion)
@@ -67,9 +74,11 @@ def math_reward(completion: str, answer: str) -> tuple[float, dict]:
         return 0.0, {"reason": reason}
     timeout = TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
     try:
-        gold_expr = parse(f"${answer}$", _CONFIG, parsing_timeout=timeout, raise_on_error=True)
+        gold_expr = gold(answer, timeout)
+        if gold_expr and pred.strip() == answer.strip():  # the gold answer's own text: no second parse needed
+            return 1.0, {"reason": "ok", "pred": pred}
         pred_expr = parse(f"${pred}$", _CONFIG, parsing_timeout=timeout, raise_on_error=True)
-        ok = bool(pred_expr) and verify(gold_expr, pred_expr, timeout_seconds=timeout, raise_on_error=True)
+        ok = bool(pred_expr) and verify(list(gold_expr), pred_expr, timeout_seconds=timeout, raise_on_error=True)
     except (TimeoutError, TimeoutException):
         return 0.0, {"reason": "timeout", "pred": pred}
     except Exception as e:  # a verifier failure on model output is scored, never raised

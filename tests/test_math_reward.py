@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from rewards.math import math_reward
+from rewards.math import gold, math_reward
 from rewards.pool import RewardPool
 
 
@@ -22,6 +22,15 @@ from rewards.pool import RewardPool
 def test_equivalent_forms_score_one(completion, answer):
     score, info = math_reward(completion, answer)
     assert score == 1.0 and info["reason"] == "ok"
+
+
+def test_a_gold_answer_is_parsed_once():
+    """A group's samples share the gold parse (cached); the gold's own text scores 1 without a second parse, and an
+    equivalent or wrong form still goes through math-verify."""
+    gold.cache_clear()
+    got = [math_reward(c, "\\frac{7}{2}") for c in ("\\boxed{3.5}", "\\boxed{ \\frac{7}{2} }", "\\boxed{3}")]
+    assert [(s, i["reason"]) for s, i in got] == [(1.0, "ok"), (1.0, "ok"), (0.0, "wrong")]
+    assert (gold.cache_info().misses, gold.cache_info().hits) == (1, 2)
 
 
 @pytest.mark.parametrize("completion, answer, reason", [
