@@ -128,7 +128,7 @@ class Config:
     weight_decay: float = 0.0  # AdamW weight decay
     warmup_steps: int = 0  # linear warmup, then constant (RL) or cosine to 10% (SFT)
     grad_clip: float = 1.0  # max global grad norm
-    token_budget: int = 8192  # micro-batch size in real tokens (rows are packed: no padding)
+    token_budget: int = 8192  # micro-batch size in real tokens (rows packed, no padding; a shared prompt counts once)
     mini_batches: int = 1  # optimizer steps per RL batch (1 = on-policy up to partial rollout)
     advantage: Literal["grpo", "rloo"] = "grpo"  # group baseline (PRIME, when on, replaces it)
     scale_std: bool = True  # GRPO: divide by the group's std
