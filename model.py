@@ -339,17 +339,23 @@ class Row:
 DUMMY = Row([0], [0])  # a rank's padding micro-batch: one token, zero weight
 
 
+def prompt_groups(rows: list[Row], device) -> list[list[int]]:
+    """Row indices grouped by prompt, in first-seen order, where packed forwards share prompts (attention_for(device)
+    is PACKED); else one group per row."""
+    share = attention_for(device) == PACKED
+    groups: dict = {}
+    for i, r in enumerate(rows):
+        groups.setdefault(tuple(r.prompt_ids) if share else i, []).append(i)
+    return list(groups.values())
+
+
 def micro_batches(rows: list[Row], budget: int, device) -> list[list[int]]:
     """Row indices in groups of at most `budget` computed tokens, largest first. Where prompts are shared
     (attention_for(device) is PACKED), rows with the same prompt stay together as far as the budget allows and their
     prompt counts once. Every rank gets the same number (FSDP's collectives must match): a rank with fewer gets empty
     ones, which run DUMMY."""
-    share = attention_for(device) == PACKED
-    units: dict = {}  # prompt (or row) -> its rows
-    for i, r in enumerate(rows):
-        units.setdefault(tuple(r.prompt_ids) if share else i, []).append(i)
-    pieces = []  # (computed tokens, row indices): a unit, split where it exceeds the budget
-    for idx in units.values():
+    pieces = []  # (computed tokens, row indices): a prompt group, split where it exceeds the budget
+    for idx in prompt_groups(rows, device):
         cur, size = [], 0
         for i in idx:
             if cur and size + len(rows[i].response) > budget:
@@ -376,12 +382,8 @@ def packed_forward(model, rows: list[Row], device, fn):
     each row is its own [prompt, response]. fn(h (N, H), weight (V, H)) runs on the hidden states of the N positions
     that predict response tokens, rows in order (a shared prompt's last position once per row), inside FSDP's
     forward; -> what fn returns. Targets: cat(r.response)."""
-    share = attention_for(device) == PACKED
-    segments: dict = {}  # prompt (or row) -> its rows, in first-seen order
-    for i, r in enumerate(rows):
-        segments.setdefault(tuple(r.prompt_ids) if share else i, []).append(i)
     ids, pos, keep, layout = [], [], [None] * len(rows), []
-    for members in segments.values():
+    for members in prompt_groups(rows, device):
         prompt = rows[members[0]].prompt_ids
         P = len(prompt)
         last = len(ids) + P - 1  # the position that predicts every member's first response token
@@ -398,7 +400,7 @@ def packed_forward(model, rows: list[Row], device, fn):
     try:
         return model(input_ids=torch.tensor([ids], device=device), position_ids=torch.tensor([pos], device=device),
                      logits_to_keep=torch.tensor([k for ks in keep for k in ks], device=device),
-                     **packed_kwargs(layout, device, varlen=not share)).logits
+                     **packed_kwargs(layout, device, varlen=attention_for(device) != PACKED)).logits
     finally:
         head.fn = None
 

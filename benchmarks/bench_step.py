@@ -140,10 +140,9 @@ class TokenCount:
 
         def counted(model, rows, device, fn):
             real = [r for r in rows if r is not DUMMY]
-            prompts = {tuple(r.prompt_ids) for r in real} if M.attention_for(device) == M.PACKED else \
-                [r.prompt_ids for r in real]
             self.real[self.kind()] += sum(len(r) for r in real)
-            self.laid[self.kind()] += sum(len(r.response) for r in real) + sum(len(p) for p in prompts)
+            self.laid[self.kind()] += sum(len(r.response) for r in real) + \
+                sum(len(real[g[0]].prompt_ids) for g in M.prompt_groups(real, device))
             return orig(model, rows, device, fn)
         M.packed_forward = trainer.packed_forward = counted  # the module attributes both files call through
 
