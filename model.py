@@ -187,7 +187,8 @@ def make_optimizer(cfg, model, total_steps: int, lr: float | None = None):
     """AdamW over the trainable parameters and its LR schedule: linear warmup, then constant (RL) or cosine to
     10% of the peak (SFT)."""
     optim = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr or cfg.lr,
-                              weight_decay=cfg.weight_decay, betas=(0.9, 0.999))
+                              weight_decay=cfg.weight_decay, betas=(0.9, 0.999),
+                              foreach=True)  # CPU's default is a per-tensor loop: 14 ms against 7 (demo model)
     cosine = cfg.mode == "sft"
 
     def lr_at(step: int) -> float:

@@ -69,6 +69,7 @@ def main(model_dir: str, out_path: str) -> None:
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump(out, f)
+    dist.destroy_process_group()  # every rank leaves the group before exit (gloo tears down in order)
 
 
 def single_rank_checks(model_dir, device, vocab, out) -> None:
