@@ -60,6 +60,8 @@ MUTANTS = [
      ["tests/test_eval_metrics.py"]),
     ("math reward length cap removed", "rewards/math.py", "if m and len(m.group(1)) > MAX_ANSWER_CHARS:",
      "if False:", ["tests/test_math_reward.py"]),
+    ("math reward's gold-text shortcut skips the comparison", "rewards/math.py",
+     "if gold_expr and pred.strip() == answer.strip():", "if gold_expr:", ["tests/test_math_reward.py"]),
     ("math reward bracket depth cap removed", "rewards/math.py", "if brackets > MAX_DEPTH:", "if False:",
      ["tests/test_math_reward.py"]),
     # rollout
