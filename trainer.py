@@ -299,6 +299,8 @@ def rl_step(run: Run, step: int) -> dict:
     with t("reward"):  # 4. one reward per sample, (B,) in group order (a group filter scored them already)
         rewards, reasons = score_groups(run, groups)
     trajs = [tr for g in groups for tr in g.samples]
+    with t("rank_wait"):  # the ranks meet: the time this rank waits for the slowest one's rollout and reward
+        dist.barrier()
     with t("old_logprobs"):  # 5. cross-stage old log-probs of the trained and the buffered trajectories
         run.fill_old(run, trajs, [tr for g in run.scheduler.buffer for tr in g.samples])
     rows = [Row(tr.prompt_ids, tr.tokens, old_logprobs_of(tr)) for tr in trajs]

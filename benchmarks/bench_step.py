@@ -11,8 +11,9 @@ has run, else a cached small version of it under --cache (runs/bench_step): the 
 (data/arithmetic.py, data/tiny_model.py) with fewer rows and the trainer's SFT mode for --sft_steps steps in one
 process. configs/demo.yaml with --batch_groups=8 (64 completions per step), max_response_len 160, no evaluation.
 The trainer runs in this process (trainer.train_rl, 1 rank; --nproc N: N torchrun ranks running this script):
-the benchmark wraps trainer.rl_step to time each step (wall clock, slowest rank) and read its time/* phases
-(slowest rank per phase; "other" = wall minus the phases), and trainer.policy_update to keep the step's trained
+the benchmark wraps trainer.rl_step to time each step (wall clock, slowest rank) and read its time/* phases (those
+of the rank the others wait for, the one with the least rank_wait, so they add up to its step; "other" = wall minus
+the phases; rank_wait_max: the longest wait of any rank), and trainer.policy_update to keep the step's trained
 rows, on which the plain step then runs in the same process. Median over the steps after --warmup.
 
 Synthetic (--synthetic). The training side of a step with no engine: random-token rollouts of --groups
@@ -95,7 +96,7 @@ SIZES = {
 # p90 50). A run on `make demo`'s model prints its own as response_len_quantiles. The synthetic law interpolates.
 DEMO_RESPONSE_LEN = [2, 13, 13, 13, 13, 14, 15, 15, 20, 21, 22, 23, 24, 29, 30, 32, 36, 41, 49, 66, 113]
 DEMO_MAX_LEN = 160
-PHASES = ("weight_push", "rollout", "reward", "old_logprobs", "advantages", "update")
+PHASES = ("weight_push", "rollout", "reward", "rank_wait", "old_logprobs", "advantages", "update")
 PLAIN_WAYS = ("plain_fwd_bwd_exact", "plain_fwd_bwd_padded")  # plain_fwd_bwd is the faster of the two
 
 
@@ -234,6 +235,19 @@ class PlainStep:
         return out
 
 
+def critical_rank(seconds: dict) -> dict:
+    """The demo job's figures of one step across ranks: the step's phases as the rank the others wait for (the one
+    with the least rank_wait) spent them, so they add up to its step; the step wall time, the plain step's figures and
+    slowest_rollout: the max over ranks; rank_wait_max: the longest any rank waited for it."""
+    every = all_gather_list([seconds])
+    out = dict(min(every, key=lambda x: x["rank_wait"]))
+    for k in ("step", *(k for k in seconds if k.startswith("plain_"))):
+        out[k] = max(x[k] for x in every)
+    out["slowest_rollout"] = max(x["rollout"] for x in every)
+    out["rank_wait_max"] = max(x["rank_wait"] for x in every)
+    return out
+
+
 def slowest(values: dict, device) -> dict:
     """Each value's max over ranks (the same keys on every rank)."""
     return {k: all_max(float(v), device) for k, v in sorted(values.items())}
@@ -307,8 +321,8 @@ def demo_worker(args) -> dict:
         rows = trained.pop()
         seconds = {**wall, **{p: m.get(f"time/{p}", 0.0) for p in PHASES}, **plain(rows)}
         seconds["other"] = seconds["step"] - sum(seconds[p] for p in PHASES)
-        s = slowest(seconds, run.device)
-        s["plain_step"] = s["rollout"] + s["plain_fwd_bwd"] + s["plain_optim"]
+        s = critical_rank(seconds)
+        s["plain_step"] = s["slowest_rollout"] + s["plain_fwd_bwd"] + s["plain_optim"]
         steps.append({**s, **token_figures(count, run.device),
                       "lengths": all_gather_list([len(r.response) for r in rows])})
         memory.update(peak_memory(run.device))  # the process group is gone once train_rl returns
@@ -529,7 +543,7 @@ def report(args, res: dict) -> dict:
     med, device = res["med"], res["device"]
     step = med["step"]
     phases = PHASES + ("other",) if not args.synthetic else ("old_logprobs", "update")
-    plain = (("rollout",) if not args.synthetic else ()) + ("plain_fwd_bwd", "plain_optim")
+    plain = (("slowest_rollout",) if not args.synthetic else ()) + ("plain_fwd_bwd", "plain_optim")
     rows = [dict(step="trainer", phase=p, s=round(med[p], 4), share=round(med[p] / step, 3)) for p in phases]
     rows.append(dict(step="trainer", phase="total", s=round(step, 4), share=1.0))
     rows += [dict(step="plain", phase=p, s=round(med[p], 4), share=round(med[p] / med["plain_step"], 3))
@@ -548,6 +562,7 @@ def report(args, res: dict) -> dict:
                update_vs_plain_fwd_bwd=med["update"] / med["plain_fwd_bwd"], padding_frac=padding,
                shared_prompt_frac=shared,
                old_logprob_share=med["old_logprobs"] / step, **res["memory"],
+               **({"rank_wait_max_s": med["rank_wait_max"]} if "rank_wait_max" in med else {}),
                **{f"{p}_s": med[p] for p in phases + plain + PLAIN_WAYS}, real_tokens=med["real_tokens"],
                laid_tokens=med["laid_tokens"], computed_tokens=med["computed_tokens"],
                trained_tokens=med["trained_tokens"],
