@@ -8,6 +8,7 @@ tokens, inside FSDP's forward.
     out = packed_forward(policy, rows, device, fn)                       # fn(h (N, H), lm_head weight (V, H))
 """
 import contextlib
+import functools
 import hashlib
 import importlib.util
 import math
@@ -140,9 +141,11 @@ class Head(torch.nn.Module):
         return F.linear(h, self.weight, self.bias) if self.fn is None else self.fn(h[0], self.weight)
 
 
+@functools.cache
 def attention_for(device) -> str:
     """The packed forwards' attention: flash-attn's varlen kernel when installed on CUDA (contiguous rows only), else
-    PACKED, sdpa per row, where rows with the same prompt share one copy of it."""
+    PACKED, sdpa per row, where rows with the same prompt share one copy of it. Cached: every forward asks, and
+    find_spec searches sys.path each time."""
     return "flash_attention_2" if device.type == "cuda" and importlib.util.find_spec("flash_attn") else PACKED
 
 

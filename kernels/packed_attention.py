@@ -31,10 +31,10 @@ def packed_kwargs(segments: list[tuple[int, list[int]]], device, varlen: bool = 
     if varlen:
         if any(len(ls) != 1 for _, ls in segments):
             raise ValueError("flash-attn varlen rows are contiguous: a shared prompt needs packed_sdpa")
-        cu = torch.zeros(len(segments) + 1, dtype=torch.int32)
-        cu[1:] = torch.tensor([p + ls[0] for p, ls in segments]).cumsum(0)
-        L = max(p + ls[0] for p, ls in segments)
-        cu = cu.to(device)
+        lengths = [p + ls[0] for p, ls in segments]
+        cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+        cu[1:] = torch.tensor(lengths).cumsum(0)
+        cu, L = cu.to(device), max(lengths)
         return dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=L, max_length_k=L, attention_mask=NO_MASK)
     rows, at = [], 0  # per attention row: (its positions in the sequence, how many leading ones it does not write)
     for P, lens in segments:
