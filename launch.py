@@ -13,6 +13,7 @@ process and owns the run's shutdown and exit code:
 
 Plain `torchrun ... trainer.py` works too; there, errors exit 1 after torchrun's report.
 """
+import atexit
 import dataclasses
 import json
 import logging
@@ -103,6 +104,19 @@ class StopSignal:
     def agreed(self, device) -> bool:
         """True on every rank once any rank got a signal."""
         return all_max(int(self.raised), device) > 0
+
+
+def exit_process(code: int) -> None:
+    """End this process with exit code `code`, without interpreter finalization. The process group is left, atexit
+    hooks (wandb, logging) run and output is flushed first. On Python < 3.14, a native thread (gloo's, torch's) that takes the GIL while the
+    interpreter finalizes is ended with pthread_exit, which aborts the whole process at random
+    ("terminate called without an active exception", SIGABRT) after a run that succeeded."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        stream.flush()
+    os._exit(code)
 
 
 LAUNCHER_FLAGS = ("--nproc_per_node", "--nnodes", "--node_rank", "--master_addr", "--master_port")

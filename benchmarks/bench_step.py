@@ -73,6 +73,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+import launch  # noqa: E402
 import model as M  # noqa: E402
 import trainer  # noqa: E402
 from bench_kernels import print_table, rss_bytes  # noqa: E402
@@ -627,4 +628,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    launch.exit_process(main())

@@ -27,6 +27,7 @@ level 1 then (weights offloaded to host memory, not dropped: nothing would push 
 """
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine: required by external_launcher
 os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")  # vLLM logs through the root logger: report.setup_logging routes it
@@ -177,9 +178,25 @@ class RolloutEngine:
         self.engine.add_lora(self.lora)
 
     def shutdown(self) -> None:
-        """Destroy the engine (before the process group goes away)."""
+        """Destroy the engine (before the process group goes away). On CPU with tensor parallel, this rank's
+        shared-memory segment goes too: vLLM unlinks it only in a C++ exit hook, which launch.exit_process skips."""
+        segment = cpu_shm_segment()
         self.engine = None
         del self.llm
+        if segment is not None:
+            segment.unlink(missing_ok=True)
+
+
+def cpu_shm_segment() -> Path | None:
+    """/dev/shm/<group name>_<rank in group>: the segment vLLM's CPU all-reduce of this rank's tensor-parallel group
+    created (None on CUDA, at tensor_parallel_size 1, or before any engine)."""
+    from vllm.distributed import parallel_state
+    if parallel_state._TP is None:
+        return None
+    comm = parallel_state.get_tp_group().device_communicator
+    shm = getattr(comm, "dist_module", None)
+    name = f"{shm.group_name}_{comm.rank}".lstrip("/") if hasattr(shm, "group_name") else None  # a shm_open name
+    return Path("/dev/shm", name) if name else None
 
 
 def engine_start_hint(e: Exception, cfg: EngineConfig) -> str:

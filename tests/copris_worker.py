@@ -9,6 +9,7 @@ import sys
 import torch
 from transformers import AutoModelForCausalLM
 
+import launch
 from rollout.copris import CoprisScheduler, request_seed
 from rollout.vllm_engine import EngineConfig, RolloutEngine
 
@@ -96,3 +97,4 @@ def main(model_dir):
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    launch.exit_process(0)  # see its docstring: a finished worker must not abort in teardown

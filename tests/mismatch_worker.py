@@ -6,6 +6,7 @@ import sys
 
 import torch
 
+import launch
 import model
 import trainer
 from rollout import mismatch
@@ -37,3 +38,4 @@ def main(model_dir):
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    launch.exit_process(0)  # see its docstring: a finished worker must not abort in teardown

@@ -5,6 +5,7 @@ import sys
 
 import torch
 
+import launch
 import model
 import trainer
 from rewards.prime import Prime
@@ -39,3 +40,4 @@ def main(model_dir):
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    launch.exit_process(0)  # see its docstring: a finished worker must not abort in teardown

@@ -124,6 +124,7 @@ def test_tensor_parallel_rl_matches_one_rank(tiny, tmp_path):
               "--max_response_len=48", "--token_budget=1024", "--lr=1e-3", "--entropy_coef=0.05", "--save_every=0",
               f"--eval_data={tiny / 'data' / 'eval.jsonl'}", "--eval_samples=2", "--eval_every=0"]
     torchrun(*common, f"--run_dir={tmp_path / 'tp'}", "--engine.tensor_parallel_size=2")
+    assert not list(Path("/dev/shm").glob("*-cpushm_*"))  # each rank removed its all-reduce segment on exit
     p = subprocess.run([sys.executable, "trainer.py", *common, f"--run_dir={tmp_path / 'one'}"], cwd=ROOT, env=ENV,
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 WORKER = r'''
 import json, sys, types
-import model, trainer
+import launch, model, trainer
 from rollout.copris import Group, Trajectory
 rank, world, device = model.init_distributed()
 eg, solo = model.engine_group(2), model.engine_group(1)
@@ -45,6 +45,7 @@ try:
 except RuntimeError as e:
     out["lockstep"] = str(e)
 open(f"{sys.argv[1]}/rank{rank}.json", "w").write(json.dumps(out))  # one file per rank: stdout lines interleave
+launch.exit_process(0)
 '''
 
 

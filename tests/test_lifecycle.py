@@ -150,3 +150,23 @@ def test_help_lists_every_key_with_type_default_and_comment():
     for needle in ("[copris]", "--copris.concurrency=<int>  (default: 64)", "requests in flight per engine",
                    "--prime.ref=<frozen|policy>", "--correction.mode=<none|token_truncate", "--dual_clip=<float|null>"):
         assert needle in p.stdout, needle
+
+
+def test_exit_process_runs_atexit_hooks_flushes_and_keeps_the_code(tmp_path):
+    """launch.exit_process ends a rank without interpreter finalization (where a native thread taking the GIL aborts
+    the process), but what finalization is relied on for still happens: atexit hooks, buffered output, the exit code,
+    leaving the process group."""
+    script = tmp_path / "w.py"
+    script.write_text(f"""
+import atexit, sys, torch.distributed as dist
+import launch
+dist.init_process_group("gloo", init_method="file://{tmp_path / 'store'}", rank=0, world_size=1)
+atexit.register(lambda: open({str(tmp_path / 'hook')!r}, "w").write(f"ran, group left: {{not dist.is_initialized()}}"))
+sys.stdout.write("buffered, no newline")
+sys.stderr.write("err, no newline")
+launch.exit_process(3)
+""")
+    env = {k: v for k, v in ENV.items() if k != "PYTHONUNBUFFERED"}  # stdout to a pipe is block-buffered then
+    p = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 3 and p.stdout == "buffered, no newline" and p.stderr.endswith("err, no newline"), p
+    assert (tmp_path / "hook").read_text() == "ran, group left: True"

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
+import launch
 import model
 import trainer
 from rewards.advantages import prime_advantages
@@ -69,7 +70,6 @@ def main(model_dir: str, out_path: str) -> None:
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump(out, f)
-    dist.destroy_process_group()  # every rank leaves the group before exit (gloo tears down in order)
 
 
 def single_rank_checks(model_dir, device, vocab, out) -> None:
@@ -143,3 +143,4 @@ def single_rank_checks(model_dir, device, vocab, out) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])
+    launch.exit_process(0)  # see its docstring: a finished worker must not abort in teardown
