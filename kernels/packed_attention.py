@@ -64,8 +64,9 @@ def packed_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=
 
 
 BUCKET_FILL = 0.5  # rows share one sdpa call when the shortest is at least this share of the longest (padding costs
-# attention only). CPU, the demo job at 1 process (benchmarks/bench_step.py, 64 rows, p50 22 tokens): update 0.338 s
-# with one call per distinct length, 0.369 s at 0.8, 0.309 s at 0.5 (single runs, +-10% run to run)
+# attention only). CPU, the demo job at 1 process (benchmarks/bench_step.py, 64 rows, p50 22 tokens), measured before
+# rows shared their prompt: update 0.338 s with one call per distinct length, 0.369 s at 0.8, 0.309 s at 0.5 (single
+# runs, +-10% run to run). With shared prompts, 0.7 looked about 5% faster than 0.5: within the spread, so not changed
 
 
 def row_buckets(rows: list[tuple[torch.Tensor, int]], device) -> list[tuple[torch.Tensor, ...]]:

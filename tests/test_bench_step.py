@@ -30,3 +30,18 @@ def test_synthetic_tiny_json_line():
     assert 0 < out["shared_prompt_frac"] < 0.5 and out["laid_tokens"] < out["real_tokens"], out
     assert out["checkpoint"]["ok"], out["checkpoint"]
     assert out["mfu"] is None and out["shapes"]["size"] == "tiny"
+
+
+def test_critical_rank_reports_the_rank_the_others_wait_for(monkeypatch):
+    """At world 2 the demo job's phases are those of the rank that waited least (they add up to its step); the step,
+    the plain baseline and the slowest rollout are maxima over ranks, rank_wait_max the longest wait."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_step
+    slow = {"rollout": 0.5, "reward": 0.03, "rank_wait": 0.01, "update": 0.2, "step": 0.95, "plain_step": 0.8}
+    fast = {"rollout": 0.3, "reward": 0.02, "rank_wait": 0.21, "update": 0.25, "step": 1.0, "plain_step": 0.9}
+    monkeypatch.setattr(bench_step, "all_gather_list", lambda values: [fast, slow])
+    out = bench_step.critical_rank(fast)
+    assert {k: out[k] for k in ("rollout", "reward", "rank_wait", "update")} == \
+        {"rollout": 0.5, "reward": 0.03, "rank_wait": 0.01, "update": 0.2}
+    assert out["step"] == 1.0 and out["plain_step"] == 0.9 and out["slowest_rollout"] == 0.5
+    assert out["rank_wait_max"] == 0.21
