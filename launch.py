@@ -108,8 +108,8 @@ class StopSignal:
 
 def exit_process(code: int) -> None:
     """End this process with exit code `code`, without interpreter finalization. The process group is left, atexit
-    hooks (wandb, logging) run and output is flushed first. On Python < 3.14, a native thread (gloo's, torch's) that takes the GIL while the
-    interpreter finalizes is ended with pthread_exit, which aborts the whole process at random
+    hooks (wandb, logging) run and output is flushed first. On Python < 3.14, a native thread (gloo's, torch's) that
+    takes the GIL while the interpreter finalizes is ended with pthread_exit, which aborts the whole process at random
     ("terminate called without an active exception", SIGABRT) after a run that succeeded."""
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -191,12 +191,13 @@ def cpu_shm_segment() -> Path | None:
     """/dev/shm/<group name>_<rank in group>: the segment vLLM's CPU all-reduce of this rank's tensor-parallel group
     created (None on CUDA, at tensor_parallel_size 1, or before any engine)."""
     from vllm.distributed import parallel_state
-    if parallel_state._TP is None:
+    if not parallel_state.model_parallel_is_initialized():
         return None
     comm = parallel_state.get_tp_group().device_communicator
     shm = getattr(comm, "dist_module", None)
-    name = f"{shm.group_name}_{comm.rank}".lstrip("/") if hasattr(shm, "group_name") else None  # a shm_open name
-    return Path("/dev/shm", name) if name else None
+    if not hasattr(shm, "group_name"):
+        return None
+    return Path("/dev/shm", f"{shm.group_name}_{comm.rank}".lstrip("/"))  # a shm_open name starts with "/"
 
 
 def engine_start_hint(e: Exception, cfg: EngineConfig) -> str:

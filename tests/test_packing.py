@@ -110,6 +110,14 @@ def test_micro_batches_cover_every_row_once_within_budget(one_rank, lengths, bud
         assert len(b) == 1 or sum(lengths[i] for i in b) <= budget, (b, lengths)
 
 
+def test_micro_batches_pad_to_the_longest_rank(monkeypatch):
+    def all_reduce(t, op=None):
+        t.fill_(4)  # another rank has 4 micro-batches
+    monkeypatch.setattr(M.dist, "all_reduce", all_reduce)
+    batches = M.micro_batches([M.Row([i], [1]) for i in range(3)], 4, torch.device("cpu"))  # distinct prompts
+    assert batches == [[0, 1], [2], [], []]
+
+
 @pytest.mark.parametrize("budget", [100, 14, 9, 5])
 def test_micro_batches_keep_a_prompt_group_together(one_rank, budget):
     """Computed tokens count a shared prompt once; a group splits only where it exceeds the budget."""
