@@ -8,9 +8,11 @@ tokens, inside FSDP's forward.
     out = packed_forward(policy, rows, device, fn)                       # fn(h (N, H), lm_head weight (V, H))
 """
 import contextlib
+import copy
 import functools
 import hashlib
 import importlib.util
+import json
 import math
 import os
 import shutil
@@ -26,10 +28,11 @@ import torch.nn.functional as F
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict
 from peft.tuners.lora import LoraLayer
 from safetensors.torch import save_file
-from torch.distributed.checkpoint.state_dict import StateDictOptions
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from transformers import AutoModelForCausalLM
+from accelerate import init_empty_weights
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from config import ConfigError
 from kernels import linear_token_logprobs
@@ -54,10 +57,20 @@ def init_distributed() -> tuple[int, int, torch.device]:
     return dist.get_rank(), dist.get_world_size(), device
 
 
+# Tensor collectives go through these helpers only, each given the run's device and reducing there: NCCL has no CPU
+# backend, so a CPU tensor handed to dist.all_reduce on a CUDA run raises (tests/test_collectives.py checks both).
+
+
+def sum_over_ranks(t: torch.Tensor, device) -> torch.Tensor:
+    """A float64 copy of t summed over ranks, reduced on `device` (the run's), returned there."""
+    out = t.detach().to(device=device, dtype=torch.float64, copy=True)
+    dist.all_reduce(out)
+    return out
+
+
 def all_sum(values: list[float], device) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t)
-    return t.tolist()
+    """Sums over ranks of python numbers."""
+    return sum_over_ranks(torch.tensor(values, dtype=torch.float64), device).tolist()
 
 
 def all_max(value, device):
@@ -121,13 +134,6 @@ def check_lockstep(seqs, eg: EngineGroup) -> None:
                            f"calls, prompts or seeds than the rest of its group")
 
 
-def sum_over_ranks(t: torch.Tensor) -> torch.Tensor:
-    """A float64 copy of t summed over ranks (the whitening statistics of prime_advantages)."""
-    out = t.detach().double().clone()
-    dist.all_reduce(out)
-    return out
-
-
 class Head(torch.nn.Module):
     """The lm_head with a hook: while `fn` is set, forward(h) returns fn(h (1, N, H) -> (N, H), weight (V, H))
     instead of logits. It runs inside FSDP2's root forward, where the weight is unsharded and its gradient is
@@ -149,20 +155,48 @@ def attention_for(device) -> str:
     return "flash_attention_2" if device.type == "cuda" and importlib.util.find_spec("flash_attn") else PACKED
 
 
+def check_attention(path: str, config) -> None:
+    """Refuse models whose attention the packed path does not reproduce (sliding windows it honours): the trainer's
+    log-probs would differ from the engine's."""
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if getattr(config, key, None):
+            raise ConfigError(f"{path}: config.json sets {key}={getattr(config, key)}: the packed attention and loss "
+                              f"do not implement soft-capping")
+
+
+def load_skeleton(path: str, device):
+    """Rank 0: the model with its weights, in host memory (fp32). Other ranks: the same modules with parameters on
+    the meta device (no memory) and real buffers (rotary tables). A load error on rank 0 is raised on every rank."""
+    error = None
+    try:
+        if dist.get_rank() == 0:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                         attn_implementation=attention_for(device))
+        else:
+            with init_empty_weights(include_buffers=False):
+                model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=torch.float32,
+                                                         attn_implementation=attention_for(device))
+    except Exception as e:  # safetensors, transformers and torch each raise their own types for a damaged folder
+        error = f"{type(e).__name__}: {str(e)[:300]}"
+    if all_max(int(error is not None), device):
+        raise ConfigError(f"model_path {path}: the model does not load ({error or 'see rank 0'})")
+    return model
+
+
 def build_model(path: str, device, trainable: bool, lora=None, checkpoint: bool | None = None):
     """AutoModelForCausalLM from a local folder, lm_head -> Head, fully_shard on every decoder layer and the root.
     fp32 parameters; on CUDA the forward runs in bf16 (MixedPrecisionPolicy), grads reduce in fp32. Attention is
     packed (kernels/packed_attention.py, attention_for).
+    Memory: only rank 0 reads the weights, into host memory; every rank shards an empty copy (fully_shard moves each
+    module's shards to the device) and receives its shards from rank 0 (set_model_state_dict, broadcast_from_rank0):
+    no rank ever holds more than its shards on the device, and host memory holds one full copy, on rank 0.
     lora (trainer.LoraConfig) with rank > 0: PEFT adapters are added before wrapping and only they train (add_lora).
     checkpoint: activation checkpointing of the decoder layers (default: on CUDA, for trainable models); dropout is
     switched off everywhere (an RL update must see the distribution its old log-probs came from)."""
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
-                                                     attn_implementation=attention_for(device)).to(device)
-    except Exception as e:  # safetensors, transformers and torch each raise their own types for a damaged folder
-        raise ConfigError(f"model_path {path}: the model does not load ({type(e).__name__}: {str(e)[:300]})") from None
-    if model.lm_head.bias is not None or getattr(model.config, "final_logit_softcapping", None):
-        raise ConfigError(f"{path}: the packed loss supports an lm_head without bias or logit softcapping")
+    model = load_skeleton(path, device)
+    check_attention(path, model.config)
+    if model.lm_head.bias is not None:
+        raise ConfigError(f"{path}: the packed loss supports an lm_head without bias")
     model.lm_head = Head(model.lm_head)
     layers = model.model.layers  # reached this way before PEFT wraps the model
     for m in model.modules():  # no dropout: the update's forward must give the old log-probs' values
@@ -180,9 +214,16 @@ def build_model(path: str, device, trainable: bool, lora=None, checkpoint: bool 
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if device.type == "cuda" \
         else MixedPrecisionPolicy()
+    full = model.state_dict() if dist.get_rank() == 0 else {}  # host tensors: what every rank's shards come from
+    buffers = {n: b.clone() for n, b in model.named_buffers()}  # real on every rank; to_empty would drop them
     for layer in layers:
         fully_shard(layer, mesh=mesh, mp_policy=mp)
-    fully_shard(model, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)  # each module's shards on the device (meta ones stay meta)
+    model.to_empty(device=device)  # every shard gets device memory (uninitialised: filled from rank 0 below)
+    with torch.no_grad():
+        for n, b in model.named_buffers():
+            b.copy_(buffers[n])
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
     return model
 
 
@@ -258,44 +299,88 @@ def save_adapter(model, tensors: dict, folder: Path, tok=None) -> None:
         tok.save_pretrained(folder)
 
 
-def hf_state(model) -> dict[str, torch.Tensor]:
-    """{HF name: full CPU tensor}, what from_pretrained reads; a LoRA policy's adapters are folded into their base
-    layers, W + (alpha / r) B A (PEFT's merge). A collective: all ranks call."""
-    state = {n.removeprefix("base_model.model."): t.cpu().contiguous() for n, t in full_named_tensors(model)}
-    for name, m in model.named_modules():
-        if isinstance(m, LoraLayer):
-            key = name.removeprefix("base_model.model.")
-            a, b = state.pop(f"{key}.lora_A.default.weight"), state.pop(f"{key}.lora_B.default.weight")
-            state[f"{key}.weight"] = state.pop(f"{key}.base_layer.weight") + m.scaling["default"] * (b @ a)  # (out, in)
-            if f"{key}.base_layer.bias" in state:
-                state[f"{key}.bias"] = state.pop(f"{key}.base_layer.bias")
-    return state
+LORA_PARTS = {".base_layer.weight": "W", ".base_layer.bias": "bias", ".lora_A.default.weight": "A",
+              ".lora_B.default.weight": "B"}  # a PEFT LoRA layer's parameters (name suffix -> role)
 
 
-def save_hf(config, state: dict, folder: Path, tok) -> None:
-    """An HF model folder (config, model.safetensors, tokenizer) from hf_state's tensors."""
+def hf_tensors(model, dtype: torch.dtype):
+    """(HF name, full host tensor in dtype) per weight, what from_pretrained reads, yielded on rank 0 only; a LoRA
+    policy's adapters are folded into their base layers, W + (alpha / r) B A (PEFT's merge, in fp32). A collective:
+    every rank iterates to the end (each weight is gathered from its shards in turn; other ranks drop it at once)."""
+    scaling = {name.removeprefix("base_model.model."): m.scaling["default"] for name, m in model.named_modules()
+               if isinstance(m, LoraLayer)}
+    parts: dict = {}  # a LoRA layer's W, A and B until all three have arrived
+    for name, t in full_named_tensors(model):
+        if dist.get_rank() != 0:
+            continue
+        name = name.removeprefix("base_model.model.")
+        suffix = next((s for s in LORA_PARTS if name.endswith(s)), None)
+        if suffix is None:
+            yield name, t.to("cpu", dtype)
+            continue
+        key, role = name[:-len(suffix)], LORA_PARTS[suffix]
+        if role == "bias":
+            yield f"{key}.bias", t.to("cpu", dtype)
+            continue
+        parts.setdefault(key, {})[role] = t.to("cpu", torch.float32)
+        if len(parts[key]) == 3:
+            p = parts.pop(key)
+            yield f"{key}.weight", (p["W"] + scaling[key] * (p["B"] @ p["A"])).to(dtype)  # (out, in)
+
+
+SHARD_BYTES = 4 << 30  # export: safetensors files of at most about this size (HF's sharded layout beyond one)
+
+
+def save_hf(config, tensors, folder: Path, tok) -> None:
+    """An HF model folder (config, tokenizer, model.safetensors or model-0000i-of-0000n.safetensors with its index)
+    from hf_tensors' stream: host memory holds one shard at a time."""
     folder.mkdir(parents=True, exist_ok=True)
-    if getattr(config, "tie_word_embeddings", False):
-        state.pop("lm_head.weight", None)
-    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    tied = getattr(config, "tie_word_embeddings", False)
+    files, shard, size, index = [], {}, 0, {}
+
+    def flush():
+        files.append(folder / f"shard-{len(files)}.tmp")
+        save_file(shard, str(files[-1]), metadata={"format": "pt"})
+        index.update(dict.fromkeys(shard, len(files) - 1))
+    for name, t in tensors:
+        if tied and name == "lm_head.weight":
+            continue
+        if shard and size + t.nbytes > SHARD_BYTES:
+            flush()
+            shard, size = {}, 0
+        shard[name], size = t.contiguous(), size + t.nbytes
+    flush()
+    names = ["model.safetensors"] if len(files) == 1 else \
+        [f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i in range(len(files))]
+    for f, n in zip(files, names):
+        f.rename(folder / n)
+    if len(files) > 1:
+        (folder / "model.safetensors.index.json").write_text(json.dumps(
+            {"metadata": {}, "weight_map": {k: names[i] for k, i in index.items()}}, indent=1))
     config.save_pretrained(folder)
     tok.save_pretrained(folder)
 
 
-def export_hf(model, tok, out: Path, merged: bool = False) -> None:
-    """HF folder (config, model.safetensors, tokenizer) that transformers and vLLM load. A LoRA policy's is the
+def export_hf(model, tok, out: Path, merged: bool = False, dtype: torch.dtype = torch.float32) -> None:
+    """HF folder (config, safetensors, tokenizer) in `dtype` that transformers and vLLM load. A LoRA policy's is the
     adapter in PEFT format (with the tokenizer) and, if merged, out/merged: the HF folder of the base with the
-    adapter folded in. Written to out.tmp, renamed once complete; all ranks call (a collective)."""
+    adapter folded in. Written to out.tmp on rank 0, renamed once complete; all ranks call (a collective)."""
     lora = isinstance(model, PeftModel)
     adapter = adapter_tensors(model) if lora else None
-    state = hf_state(model) if merged or not lora else None
+    tmp = out.with_name(out.name + ".tmp")
     if dist.get_rank() == 0:
-        tmp = out.with_name(out.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         if adapter is not None:
             save_adapter(model, adapter, tmp, tok)
-        if state is not None:
-            save_hf(model.config, state, tmp / "merged" if lora else tmp, tok)
+    if merged or not lora:
+        tensors = hf_tensors(model, dtype)
+        if dist.get_rank() == 0:
+            config = copy.deepcopy(model.config)
+            config.dtype = dtype
+            save_hf(config, tensors, tmp / "merged" if lora else tmp, tok)
+        for _ in tensors:  # other ranks: take part in every gather
+            pass
+    if dist.get_rank() == 0:
         shutil.rmtree(out, ignore_errors=True)
         tmp.rename(out)
     dist.barrier()

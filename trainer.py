@@ -93,9 +93,11 @@ class PrimeConfig:
 
 @dataclass
 class CorrectionConfig:
-    mode: Literal["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = "none"  # rollout-training mismatch: TIS, MIS/IcePop
-    threshold: float = 2.0  # C: truncate weights at C; mask ratios above C
-    low: float = 0.5  # mask modes: ratios below this are masked too
+    # rollout-training mismatch (rollout/mismatch.py): TIS, MIS/IcePop, Seq-TIS/Seq-MIS, a geometric-mean filter
+    mode: Literal["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask",
+                  "sequence_geo_mask"] = "none"
+    threshold: float = 2.0  # C: truncate at C; mask above C (sequence modes: the product of the token ratios)
+    low: float = 0.5  # mask modes: below this is masked too (sequence_geo_mask: bounds near 1, e.g. 0.999 / 1.001)
 
 
 @dataclass
@@ -143,6 +145,7 @@ class Config:
     eval_every: int = 10  # evaluate every k RL steps (and before the first and after the last); 0 = ends only
     eval_samples: int = 4  # k sampled completions per eval prompt for mean@k / pass@k (plus one greedy)
     export_every: int = 0  # HF export every k steps; 0 = at the end only
+    export_dtype: Literal["auto", "bfloat16", "float32"] = "auto"  # the export's weights; auto: bf16 on CUDA, else fp32
     save_every: int = 10  # resumable checkpoint every k steps, after the last one and on SIGTERM/SIGINT; 0 = not periodic
     keep_checkpoints: int = 2  # complete checkpoints kept (oldest deleted)
     resume: str = "off"  # off | auto (newest complete checkpoint in run_dir, if any) | path to a checkpoint
@@ -317,8 +320,10 @@ def rl_step(run: Run, step: int) -> dict:
 
 
 def push_weights_if_stale(run: Run) -> int:
-    """Wake the engine and push the policy into it if stale (run.push: every weight or the LoRA adapter); -> bytes."""
-    stale, dtype = run.engine_version != run.policy_version, torch.bfloat16 if run.device.type == "cuda" else None
+    """Wake the engine and push the policy into it if stale (run.push: every weight or the LoRA adapter): its version
+    is older, or a level-2 sleep discarded its weights (after eval, a skipped update or a resume alike); -> bytes."""
+    stale = run.engine_version != run.policy_version or not run.engine.holds_weights
+    dtype = torch.bfloat16 if run.device.type == "cuda" else None
     pushed = run.push(run.policy, run.engine, dtype) if stale else 0
     run.engine_version = run.policy_version
     run.engine.wake()
@@ -415,9 +420,10 @@ def group_advantages(estimator, group_size: int):
     return advantages
 
 
-def policy_reference(batch: list[Row]) -> list[torch.Tensor]:
-    """PRIME ref: policy: the rollout policy's old log-probs (filled before the update)."""
-    return [r.old_logp for r in batch] if batch else [torch.zeros(1)]
+def policy_reference(run: Run, batch: list[Row]) -> list[torch.Tensor]:
+    """PRIME ref: policy: the rollout policy's old log-probs (filled before the update), on the run's device (the
+    PRM's log-probs are there: the reward kernel refuses a mix)."""
+    return [r.old_logp.to(run.device) for r in batch] if batch else [torch.zeros(1, device=run.device)]
 
 
 def frozen_reference(run: Run, batch: list[Row]) -> list[torch.Tensor]:
@@ -712,10 +718,17 @@ def train_loop(run: Run, start: int, steps: int, step_fn, desc: str, evaluate_at
                 print(f"\nstopped by signal after step {step}; checkpoint {path}; continue with --resume=auto")
             return None
         if cfg.export_every and step % cfg.export_every == 0 and step != steps:
-            export_hf(run.policy, run.tok, run.run_dir / "export", cfg.lora.export_merged)
+            export(run)
     bar.close()
-    export_hf(run.policy, run.tok, run.run_dir / "export", cfg.lora.export_merged)
+    export(run)
     return time.time() - t_start
+
+
+def export(run: Run) -> None:
+    """The policy as an HF folder in run_dir/export (model.export_hf), in export_dtype."""
+    dtype = {"auto": torch.bfloat16 if run.device.type == "cuda" else torch.float32, "bfloat16": torch.bfloat16,
+             "float32": torch.float32}[run.cfg.export_dtype]
+    export_hf(run.policy, run.tok, run.run_dir / "export", run.cfg.lora.export_merged, dtype)
 
 
 def check_sandbox(cfg: Config, rows: list[dict]) -> None:
@@ -742,8 +755,8 @@ def train_rl(cfg: Config) -> None:
     if cfg.kl_coef > 0 or (cfg.prime.enabled and cfg.prime.ref == "frozen"):
         run.ref = run.policy if cfg.lora.rank else build_model(cfg.model_path, run.device, trainable=False)
     estimator = {"grpo": lambda r, k: grpo_advantages(r, k, cfg.scale_std), "rloo": rloo_advantages}[cfg.advantage]
-    run.advantages = Prime(cfg, run.device, policy_reference if cfg.prime.ref == "policy" else
-                           lambda batch: frozen_reference(run, batch)) if cfg.prime.enabled \
+    reference = policy_reference if cfg.prime.ref == "policy" else frozen_reference
+    run.advantages = Prime(cfg, run.device, lambda batch: reference(run, batch)) if cfg.prime.enabled \
         else group_advantages(estimator, cfg.n_samples)
     run.keep_group = (accuracy_in_range if cfg.prime.enabled else informative_group if cfg.copris.dynamic_sampling
                       else None)

@@ -15,10 +15,16 @@ import triton.language as tl
 IMPLS = ("auto", "triton", "torch")
 
 
-def use_triton(impl: str, x: torch.Tensor) -> bool:
-    """impl="auto": Triton for CUDA tensors, the torch path otherwise; "triton" / "torch" force one."""
+def use_triton(impl: str, x: torch.Tensor, *others) -> bool:
+    """impl="auto": Triton for CUDA tensors, the torch path otherwise; "triton" / "torch" force one. x and every
+    tensor among `others` (None and non-tensors are skipped) must be on one device type: a Triton kernel handed a
+    CPU pointer beside CUDA ones fails deep inside the launch, so the entry point refuses it and names both."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    for i, t in enumerate(others):
+        if isinstance(t, torch.Tensor) and t.device.type != x.device.type:
+            raise ValueError(f"kernel inputs are on different devices: the first is on {x.device}, input {i + 1} on "
+                             f"{t.device} (move every input to the run's device)")
     return impl == "triton" or (impl == "auto" and x.is_cuda)
 
 

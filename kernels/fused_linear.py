@@ -173,6 +173,7 @@ def fused_linear_ppo_loss(h, weight, targets, old_logp, adv, w, clip_low=0.2, cl
                           ref_logp=None, kl_coef=0.0, temperature=1.0, entropy_coef=0.0, grad_scale=1.0, bias=None,
                           on_policy=None, impl="auto", chunk=None):
     """h (N, H), weight (V, H) -> (scalar loss, logp (N,), ent (N,), stats); see the module docstring."""
+    triton_path = use_triton(impl, h, weight, bias, targets, old_logp, adv, w, ref_logp, on_policy)
     valid = w != 0  # (N,)
     acc = _acc_dtype(h)
 
@@ -185,7 +186,7 @@ def fused_linear_ppo_loss(h, weight, targets, old_logp, adv, w, clip_low=0.2, cl
     cfg = dict(clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, kl_coef=kl_coef,
                temperature=float(temperature), entropy_coef=float(entropy_coef), grad_scale=float(grad_scale))
     loss, logp, ent, ratio, clipped = _FusedLinearPPOLoss.apply(
-        h, weight, bias, targets.contiguous(), ins, cfg, _needs_grad(h, weight, bias), use_triton(impl, h), chunk)
+        h, weight, bias, targets.contiguous(), ins, cfg, _needs_grad(h, weight, bias), triton_path, chunk)
     old = ins[0] if on_policy is None else torch.where(ins[4], logp, ins[0])  # (N,) the old_i of the loss
     return loss, logp, ent, ppo_stats(ratio, clipped, logp, old, w, ent)
 
@@ -244,5 +245,6 @@ def linear_token_logprobs(h, weight, targets, temperature=1.0, with_entropy=Fals
                           chunk=None):
     """h (N, H), weight (V, H), targets (N,) -> (logp (N,) fp32, ent (N,) fp32 or None); module docstring."""
     logp, ent = _LinearTokenLogprobs.apply(h, weight, bias, targets.contiguous(), float(temperature), with_entropy,
-                                           _needs_grad(h, weight, bias), use_triton(impl, h), chunk)
+                                           _needs_grad(h, weight, bias), use_triton(impl, h, weight, bias, targets),
+                                           chunk)
     return logp, (ent if with_entropy else None)

@@ -120,9 +120,10 @@ def fused_logits_ppo_loss(logits, targets, old_logp, adv, mask, clip_low=0.2, cl
                           ref_logp=None, kl_coef=0.0, agg="token-mean", temperature=1.0, entropy_coef=0.0,
                           grad_scale=1.0, impl="auto"):
     """(B, T, V) logits -> (scalar loss, stats); see the module docstring."""
+    triton_path = use_triton(impl, logits, targets, old_logp, adv, mask, ref_logp)
     w = agg_weights(mask, agg)  # (B, T)
     old = old_logp.detach()
-    if not use_triton(impl, logits):
+    if not triton_path:
         logp, ent = token_logprobs(logits, targets, temperature, with_entropy=True, impl="torch")  # (B, T) x2
         loss, ratio, clipped = ppo_loss_terms(logp, old, adv, mask, clip_low, clip_high, dual_clip, ref_logp,
                                               kl_coef, agg, "torch")

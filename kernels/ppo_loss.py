@@ -179,11 +179,12 @@ def expand_adv(adv: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 def ppo_loss_terms(logp, old_logp, adv, mask, clip_low=0.2, clip_high=0.28, dual_clip=None, ref_logp=None,
                    kl_coef=0.0, agg="token-mean", impl="auto"):
     """ppo_loss without the stats sync -> (loss, ratio (B, T), clipped (B, T))."""
+    triton_path = use_triton(impl, logp, old_logp, adv, mask, ref_logp)
     w = agg_weights(mask, agg)  # (B, T)
     adv = expand_adv(adv.detach(), logp)  # (B, T)
     old = old_logp.detach()
     ref = None if ref_logp is None else ref_logp.detach()
-    if use_triton(impl, logp):
+    if triton_path:
         return _TritonPPOLoss.apply(logp, old, adv, ref, w, clip_low, clip_high, dual_clip, kl_coef)
     tok, ratio, clipped = _token_loss_torch(logp.float(), old.float(), adv, ref, clip_low, clip_high, dual_clip,
                                             kl_coef)  # the clamps stop nan gradients from masked tokens

@@ -57,7 +57,7 @@ class _TritonPRMRewards(torch.autograd.Function):
 
 def implicit_prm_rewards(prm_logp, ref_logp, mask, beta, impl="auto"):
     """(B, T) -> (B, T) fp32 beta * (prm_logp - ref_logp) * mask."""
-    if use_triton(impl, prm_logp):
+    if use_triton(impl, prm_logp, ref_logp, mask):
         return _TritonPRMRewards.apply(prm_logp, ref_logp, mask, float(beta))
     return beta * (prm_logp.float() - ref_logp.float()) * mask.float()
 
@@ -126,7 +126,7 @@ class _TritonDiscountedReturns(torch.autograd.Function):
 
 def discounted_returns(r, mask, gamma=1.0, impl="auto"):
     """r, mask (B, T) -> (B, T) fp32 masked reverse discounted cumsum (module docstring)."""
-    if use_triton(impl, r):
+    if use_triton(impl, r, mask):
         return _TritonDiscountedReturns.apply(r, mask, float(gamma))
     m = mask.float()  # (B, T)
     return _discounted_returns_torch(r.float() * m, gamma) * m

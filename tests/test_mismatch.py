@@ -23,13 +23,16 @@ def reference_weights(mode: str, old: list[float], roll: list[float]) -> list[fl
     old, roll = torch.tensor(old).tolist(), torch.tensor(roll).tolist()
     d = [max(-20.0, min(20.0, o - r)) for o, r in zip(old, roll)]
     ratio = [math.exp(x) for x in d]
-    rho = math.exp(sum(d) / len(d))
+    rho = math.exp(max(-20.0, min(20.0, sum(d))))  # the product of the token ratios
+    g = math.exp(sum(d) / len(d))  # their geometric mean
     if mode == "token_truncate":
         return [min(x, C) for x in ratio]
     if mode == "token_mask":
         return [x if LOW <= x <= C else 0.0 for x in ratio]
     if mode == "sequence_truncate":
         return [min(rho, C)] * len(d)
+    if mode == "sequence_geo_mask":
+        return [1.0 if LOW <= g <= C else 0.0] * len(d)
     return [rho if LOW <= rho <= C else 0.0] * len(d)
 
 
@@ -39,10 +42,13 @@ SEQS = [  # (old, roll): ratios inside, above C, below LOW, just inside and outs
     ([-2.0 + math.log(0.49), -2.0 + math.log(0.51), -1.0], [-2.0, -2.0, -1.0]),
     ([-5.0] * 20, [-5.9] * 20),
     ([-0.7], [-0.7 - 40.0]),
+    ([-1.0] * 30, [-1.0 - 0.03] * 30),  # every token ratio 1.03 (inside the bounds), their product 2.43 (above C)
+    ([-1.0] * 50, [-1.0 + 1.0] * 50),  # sum of d = -50: the product is clamped at exp(-20), no underflow
 ]
+MODES = ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "sequence_geo_mask"]
 
 
-@pytest.mark.parametrize("mode", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
+@pytest.mark.parametrize("mode", MODES)
 def test_correction_weights_match_the_formulas(mode):
     fn = mismatch.correction(mode, LOW, C)
     for i, (old, roll) in enumerate(SEQS):
@@ -53,6 +59,29 @@ def test_correction_weights_match_the_formulas(mode):
     assert mismatch.correction("none", LOW, C) is None
 
 
+def test_sequence_modes_use_the_product_of_token_ratios():
+    """Seq-TIS / Seq-MIS (the MIS paper, verl): rho_i = prod_t ratio_t. Known sums in fp64: 2,000 tokens with
+    d ~ N(0.002, 0.05) (sum 4.9, the issue's case) give rho = e^4.9 = 134 (clipped to C, masked), where the geometric
+    mean is 1.0025 (what the old code used: it neither clipped nor masked)."""
+    g = torch.Generator().manual_seed(0)
+    d = 0.002 + 0.05 * torch.randn(2000, generator=g, dtype=torch.float64)
+    roll = torch.full((2000,), -2.0, dtype=torch.float64)
+    old = roll + d
+    s = float((old - roll).sum())
+    assert s > 2, s  # the drawn sequence's log-ratio sum: its product is far above C = 2
+    trunc = mismatch.correction("sequence_truncate", LOW, C)(old, roll)
+    mask = mismatch.correction("sequence_mask", LOW, C)(old, roll)
+    geo = mismatch.correction("sequence_geo_mask", LOW, C)(old, roll)
+    assert torch.all(trunc == C), trunc[:3]
+    assert torch.all(mask == 0), mask[:3]
+    assert torch.all(geo == 1), "the geometric mean (1.00..) is inside [0.5, 2]: kept"
+    assert abs(float(mismatch.seq_log_ratio(old, roll)) - s) < 1e-9
+    tight = mismatch.correction("sequence_geo_mask", 0.999, 1.001)(old, roll)
+    assert torch.all(tight == 0) == (not 0.999 <= math.exp(s / 2000) <= 1.001)
+    huge = mismatch.correction("sequence_truncate", LOW, 1e30)(roll + 1.0, roll)  # sum 2,000: clamped, finite
+    assert torch.isfinite(huge).all() and abs(float(huge[0]) - math.exp(20)) < 1e-3 * math.exp(20)
+
+
 def test_metrics_match_the_formulas():
     old = [torch.tensor(o) for o, _ in SEQS]
     roll = [torch.tensor(r) for _, r in SEQS]
@@ -61,12 +90,15 @@ def test_metrics_match_the_formulas():
     f32 = [(torch.tensor(o).tolist(), torch.tensor(r).tolist()) for o, r in SEQS]
     d = [max(-20.0, min(20.0, a - b)) for o, r in f32 for a, b in zip(o, r)]
     w = [x for ws in weights for x in ws.tolist()]
-    rho = sorted(math.exp(sum(max(-20.0, min(20.0, a - b)) for a, b in zip(o, r)) / len(o)) for o, r in f32)
-    p99 = rho[-2] + 0.99 * (len(rho) - 1) % 1 * (rho[-1] - rho[-2])  # linear interpolation at q = 0.99
+    def p99(x):  # linear interpolation at q = 0.99
+        x = sorted(x)
+        return x[-2] + 0.99 * (len(x) - 1) % 1 * (x[-1] - x[-2])
+    ds = [[max(-20.0, min(20.0, a - b)) for a, b in zip(o, r)] for o, r in f32]
     want = {"mismatch/kl_k3": sum(math.exp(x) - x - 1 for x in d) / len(d),
             "mismatch/log_ratio_abs_mean": sum(abs(x) for x in d) / len(d),
             "mismatch/prob_diff_max": max(abs(math.exp(b) - math.exp(a)) for o, r in f32 for a, b in zip(o, r)),
-            "mismatch/seq_ratio_p99": p99,
+            "mismatch/seq_ratio_p99": p99([math.exp(max(-20.0, min(20.0, sum(x)))) for x in ds]),
+            "mismatch/seq_geo_ratio_p99": p99([math.exp(sum(x) / len(x)) for x in ds]),
             "correction/masked_token_frac": sum(x == 0 for x in w) / len(w),
             "correction/weight_mean": sum(w) / len(w)}
     assert set(got) == set(want)

@@ -59,7 +59,7 @@ def main(model_dir: str, out_path: str) -> None:
     groups = [i for gi in range(rank, 4, world) for i in (2 * gi, 2 * gi + 1)]  # whole groups per rank
     R = torch.nn.utils.rnn.pad_sequence([token_r[i] for i in groups], batch_first=True)
     mask = torch.nn.utils.rnn.pad_sequence([torch.ones(len(token_r[i])) for i in groups], batch_first=True)
-    adv = prime_advantages(outcome[groups], R, mask, 2, reduce=model.sum_over_ranks)
+    adv = prime_advantages(outcome[groups], R, mask, 2, reduce=lambda t: model.sum_over_ranks(t, device))
     out["prime_adv"] = {str(i): adv[j, :len(token_r[i])].tolist() for j, i in enumerate(groups)}
     every = [None] * world
     dist.all_gather_object(every, out["prime_adv"])
