@@ -420,6 +420,7 @@ class Row:
     old_logp: torch.Tensor | None = None  # (T,) old log-probs; nan where the update's own forward supplies them
     adv: torch.Tensor | None = None  # (T,) advantages
     weight: torch.Tensor | None = None  # (T,) mismatch-correction weight (0 = masked); None = 1
+    fresh: torch.Tensor | None = None  # (T,) bool: sampled by the policy being updated (ratio 1 on the first pass)
 
     def __len__(self):
         return len(self.prompt_ids) + len(self.response)

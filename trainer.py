@@ -208,6 +208,7 @@ class Run:
     fill_old: typing.Callable | None = None  # old log-probs: trainer (upfront or from the update) or rollout
     advantages: typing.Callable | None = None  # GRPO, RLOO or PRIME (a Prime object)
     correct: typing.Callable | None = None  # mismatch correction weights, or None
+    fresh: bool = False  # trainer old log-probs: the first mini-batch takes this version's tokens on-policy (ratio 1)
     agg: typing.Callable | None = None  # loss_agg's token weights (kernels.ppo_loss.token_weights)
     sft_data: list = field(default_factory=list)  # SFT: (prompt ids, completion ids) pairs
     sft_order: list = field(default_factory=list)  # SFT: row indices not yet drawn this epoch
@@ -219,7 +220,7 @@ class Run:
 
     # fields state_dict() leaves out on purpose: rebuilt from the config, or derived (tests check the list)
     STATELESS = ("cfg", "rank", "world", "device", "run_dir", "tok", "ref", "engine", "eg", "pool", "eval_rows",
-                 "keep_group", "push", "fill_old", "correct", "agg", "sft_data", "engine_version", "sinks")
+                 "keep_group", "push", "fill_old", "correct", "fresh", "agg", "sft_data", "engine_version", "sinks")
 
     def __post_init__(self):
         """Strategies that follow from the config alone."""
@@ -306,7 +307,8 @@ def rl_step(run: Run, step: int) -> dict:
         dist.barrier()
     with t("old_logprobs"):  # 5. cross-stage old log-probs of the trained and the buffered trajectories
         run.fill_old(run, trajs, [tr for g in run.scheduler.buffer for tr in g.samples])
-    rows = [Row(tr.prompt_ids, tr.tokens, old_logprobs_of(tr)) for tr in trajs]
+    rows = [Row(tr.prompt_ids, tr.tokens, old_logprobs_of(tr),
+                fresh=torch.tensor(tr.versions, dtype=torch.long) == version if run.fresh else None) for tr in trajs]
     with t("advantages"):  # 6. advantages per token (GRPO / RLOO broadcast a sample's; PRIME steps its PRM first)
         adv_stats = run.advantages(rows, rewards)
     if run.correct:  # rollout-training mismatch correction weights (TIS / MIS), detached
@@ -411,6 +413,18 @@ def old_from_rollout(run: Run, trained: list[Trajectory], buffered: list[Traject
         t.old_logprobs = list(t.logprobs)
 
 
+def old_logprob_strategy(cfg: Config) -> tuple[typing.Callable, bool]:
+    """-> (fill_old, fresh): where old log-probs come from, and whether the first pass over the tokens the current
+    policy sampled takes them on-policy (ratio exactly 1, from the update's own forward: trainer source only).
+    Upfront when the values are needed before the update (mini_batches > 1, a correction, PRIME's ref: policy) or
+    the update's forward is perturbed (LoRA dropout: stored values, metrics and corrections must not be)."""
+    if cfg.copris.old_logprob_source == "rollout":
+        return old_from_rollout, False
+    upfront = cfg.mini_batches > 1 or cfg.correction.mode != "none" or (cfg.prime.enabled and cfg.prime.ref == "policy") \
+        or (cfg.lora.rank > 0 and cfg.lora.dropout > 0)
+    return (old_upfront if upfront else old_from_update), True
+
+
 def group_advantages(estimator, group_size: int):
     """GRPO / RLOO as an advantage strategy: each sample's advantage (B,) broadcast over its tokens."""
     def advantages(rows: list[Row], rewards: torch.Tensor) -> dict:
@@ -464,9 +478,11 @@ def policy_update(run: Run, rows: list[Row]) -> dict:
             batch = [mini[i] for i in mb] or [DUMMY]
             cat = (lambda xs: torch.cat(xs).to(run.device)) if mb else (lambda xs: torch.zeros(1, device=run.device))
             old, adv, wt = cat([r.old_logp for r in batch]), cat([r.adv for r in batch]), cat([w[i] for i in mb])
+            fresh = cat([r.fresh if m == 0 and r.fresh is not None else torch.zeros(len(r.response), dtype=torch.bool)
+                         for r in batch]).bool()  # (N,)
             ref = torch.cat(frozen_reference(run, batch)) if cfg.kl_coef > 0 else None
             out = packed_forward(run.policy, batch, run.device, ppo_head(cfg, targets_of(batch, run.device), old, adv,
-                                                                           wt, ref))
+                                                                           wt, ref, torch.isnan(old) | fresh))
             loss, logp, s = out
             loss.backward()
             for r, lp in zip(batch if mb else [], split_rows(logp, batch)):
@@ -482,14 +498,15 @@ def policy_update(run: Run, rows: list[Row]) -> dict:
             "ratio_max": all_max(float(ratio_max), run.device), "grad_norm": sums["grad_norm"]}
 
 
-def ppo_head(cfg: Config, targets, old, adv, w, ref):
+def ppo_head(cfg: Config, targets, old, adv, w, ref, on_policy):
     """A packed_forward fn: (h (N, H), weight (V, H)) -> (loss = sum_t w_t (ppo_t - entropy_coef * ent_t), logp (N,)
     detached, sums over tokens with w > 0 of clip/kl/entropy) through kernels.fused_linear_ppo_loss: no (N, V)
-    logits. old is nan where this forward supplies it (on_policy: ratio 1)."""
+    logits. on_policy (N,) bool: tokens whose old log-prob is this forward's own (ratio exactly 1): those old is nan
+    for, and the first pass over tokens the current policy sampled."""
     def fn(h, weight):
         loss, logp, _, s = fused_linear_ppo_loss(h, weight, targets, old, adv, w, cfg.clip_low, cfg.clip_high,
                                                  cfg.dual_clip, ref, cfg.kl_coef, cfg.temperature, cfg.entropy_coef,
-                                                 on_policy=torch.isnan(old))
+                                                 on_policy=on_policy)
         n = float((w > 0).sum())
         return loss, logp, {"clip_frac": s["clip_frac"] * n, "approx_kl": s["approx_kl"] * n,
                             "entropy": s["entropy"] * n, "ratio_max": s["ratio_max"], "tokens": n}
@@ -761,9 +778,7 @@ def train_rl(cfg: Config) -> None:
     run.keep_group = (accuracy_in_range if cfg.prime.enabled else informative_group if cfg.copris.dynamic_sampling
                       else None)
     run.keep_group = run.keep_group and (lambda g, f=run.keep_group: f(run, g))
-    upfront = cfg.mini_batches > 1 or cfg.correction.mode != "none" or (cfg.prime.enabled and cfg.prime.ref == "policy")
-    run.fill_old = old_from_rollout if cfg.copris.old_logprob_source == "rollout" else \
-        old_upfront if upfront else old_from_update
+    run.fill_old, run.fresh = old_logprob_strategy(cfg)
     run.correct = mismatch.correction(cfg.correction.mode, cfg.correction.low, cfg.correction.threshold)
     run.pool, run.engine = RewardPool(cfg.reward_workers, cfg.reward_timeout_s), start_engine(run)
     run.scheduler = CoprisScheduler(

@@ -22,6 +22,20 @@ def tiny(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def world_of_one():
+    """An in-process gloo group of one rank (FSDP2 models, the collective helpers), kept for the session."""
+    import socket
+    import torch.distributed as dist
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
 def pytest_sessionstart(session):
     """No silent skips: the sandbox and reward tests need real isolation (bubblewrap). Without it the run stops
     here, loudly, unless ALLOW_NO_SANDBOX_TESTS=1 says to run the rest and skip those."""

@@ -146,3 +146,36 @@ def test_adapter_dropout_acts_in_gradient_forwards_only():
         assert torch.equal(d(x), x), "dropout in a no-grad forward (old log-probs, reference)"
     dropped = (d(x) == 0).float().mean().item()
     assert 0.4 < dropped < 0.6, f"{dropped:.0%} dropped in a gradient forward (eval mode), expected about 50%"
+
+
+def test_adapter_dropout_leaves_the_first_pass_ratio_at_1(world_of_one, tiny):
+    """With lora.dropout > 0 the update's forward is perturbed. The stored old log-probs come from a forward without
+    dropout (setup picks the upfront source: mismatch figures and corrections see unperturbed values), and the
+    first pass over tokens the current policy sampled takes its ratio from the update's own values: exactly 1."""
+    import torch
+    import model
+    import trainer
+    cfg = trainer.Config(model_path=str(tiny / "model"), token_budget=512,
+                         lora=trainer.LoraConfig(rank=8, alpha=16.0, dropout=0.3))
+    assert trainer.old_logprob_strategy(cfg) == (trainer.old_upfront, True)
+    policy = model.build_model(cfg.model_path, torch.device("cpu"), trainable=True, lora=cfg.lora)
+    torch.manual_seed(0)
+    with torch.no_grad():  # B = 0 at start makes the adapter (and its dropout) invisible: give it weight
+        for n, p in policy.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.5)
+    optim, sched = trainer.make_optimizer(cfg, policy, 10)
+    run = trainer.Run(cfg, 0, 1, torch.device("cpu"), None, None, policy, optim, sched, fresh=True)
+    g = torch.Generator().manual_seed(0)
+    rows = [model.Row(torch.randint(1, 300, (5,), generator=g).tolist(), torch.randint(1, 300, (9,), generator=g).tolist())
+            for _ in range(4)]
+    with torch.no_grad():
+        old = model.response_logprobs(policy, rows, torch.device("cpu"), 1.0)
+    for r, o, a in zip(rows, old, (1.0, -1.0, 1.0, -1.0)):
+        r.old_logp, r.adv, r.fresh = o.clone(), torch.full((9,), a), torch.ones(9, dtype=torch.bool)
+    with torch.enable_grad():
+        noisy = model.response_logprobs(policy, rows, torch.device("cpu"), 1.0)
+    assert max(float((n.detach() - o).abs().max()) for n, o in zip(noisy, old)) > 1e-2, "dropout does not move log-probs"
+    stats = trainer.policy_update(run, rows)
+    assert stats["ratio_max"] == 1.0 and stats["clip_frac"] == 0.0, stats
+    assert all(torch.equal(r.old_logp, o) for r, o in zip(rows, old)), "the stored old log-probs were overwritten"

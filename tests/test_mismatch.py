@@ -2,14 +2,12 @@
 loop written from the formulas, the loss denominator rule, the metrics; and on the real engine, an injected
 mismatch (engine weights perturbed) is seen by the metrics and acted on, while no injection reads ~0."""
 import math
-import os
 from pathlib import Path
 
 import pytest
 
 from helpers import result_of
 import torch
-import torch.distributed as dist
 
 from rollout import mismatch
 
@@ -104,14 +102,6 @@ def test_metrics_match_the_formulas():
     assert set(got) == set(want)
     for k in want:
         assert abs(got[k] - want[k]) <= 1e-6 * max(1.0, abs(want[k])), f"{k}: {got[k]} vs {want[k]}"
-
-
-@pytest.fixture(scope="module")
-def world_of_one():
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29581")
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
