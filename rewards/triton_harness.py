@@ -16,13 +16,20 @@ ModelNew(*init_inputs), the reference state_dict loaded when names and shapes ma
 decoded (they did not exist in this process before), the RNG reseeded from os.urandom, one forward.
 Audit, over the module body, __init__ and forward alike: the process may start no thread or process once the
 candidate runs (on CPU RLIMIT_NPROC 0 and the OS thread count is checked; on CUDA, where the driver starts
-threads and Triton runs ptxas, only Python threads are checked); Tensor.numpy / tolist / __array__ called
-from candidate code are violations (numpy compute is invisible to torch); a TorchDispatchMode records, in
-forward, every aten op beyond allocation / views / copies / casts (scalar reads such as .item() included)
-outside Triton launches, and beyond what the interpreter itself needs inside them (a kernel body's torch calls).
-On CUDA the timed calls (3 warm-up + 20) run under the same audit and launch count as the checked call.
+threads and Triton runs ptxas, only Python threads are checked); Tensor.numpy / tolist / __array__ /
+untyped_storage / storage are violations whoever calls them (no caller frame is trusted), except Triton's own
+argument copies inside a kernel launch; a TorchDispatchMode records, in forward, every aten op beyond
+allocation / views / copies / casts (scalar reads such as .item() included) outside kernel launches, and
+beyond what the interpreter needs inside them (a kernel body's torch calls). At each launch the harness
+refuses (a violation "launch: ...", and the kernel does not run) pre-run hooks and any argument that is not a
+tensor, a scalar (int, float, bool, str, None), a Triton dtype or constexpr, or a tuple of those, and tensors
+for tl.constexpr parameters: so no torch object reaches a kernel body. Grid and heuristics callables run in a
+host window where any aten op or bridge is a violation. On CPU the autotuner, which has no benchmarker under
+the interpreter, takes the first config. On CUDA the timed calls (3 warm-up + 20) run under the same audit and
+launch count as the checked call.
 """
 
+import inspect
 import io
 import json
 import os
@@ -49,61 +56,119 @@ narrow resolve_conj resolve_neg is_same_size
 # inside a launch also what the interpreter runs to move kernel arguments to numpy and back (and the
 # autotuner's benchmarking); torch compute a kernel body calls through a global is still recorded
 _LAUNCH_ATEN = _FORWARD_ATEN | {"set_", "lift_fresh", "_local_scalar_dense"}
-_BRIDGES = ("numpy", "tolist", "__array__")      # tensor -> Python/numpy data: compute the audit can't see
+# tensor -> numpy / Python data or raw memory: compute the audit can't see
+_BRIDGES = ("numpy", "tolist", "__array__", "untyped_storage", "storage")
+_SCALARS = (int, float, bool, str, type(None))
 _TIME_WARMUP, _TIME_ITERS = 3, 20
 _CANDIDATE = os.path.abspath("candidate.py")
 
 
 class _Audit(TorchDispatchMode):
-    """Records violations (aten ops outside the allow-list of where they ran, bridge calls, new threads) while
-    `phase` is set, and counts kernel launches."""
+    """Records violations (aten ops outside the allow-list of where they ran, bridge calls, refused launches)
+    while `phase` is set, and counts kernel launches. depth > 0 inside a launch; `host` while a grid or
+    heuristics callable runs, where nothing may touch tensor data."""
 
     def __init__(self):
         super().__init__()
-        self.violations, self.launches, self.depth, self.phase = set(), 0, 0, None
+        self.violations, self.launches, self.depth, self.host, self.phase = set(), 0, 0, False, None
 
     @classmethod
     def _should_skip_dynamo(cls):
         return False      # torch's default wraps __torch_dispatch__ in dynamo.disable: a 1.7 s import, no use here
 
+    def where(self) -> str:
+        return "grid/heuristics" if self.host else "kernel body" if self.depth else self.phase
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if self.phase == "forward" and \
+        if self.phase and self.host or self.phase == "forward" and \
                 func.overloadpacket.__name__ not in (_LAUNCH_ATEN if self.depth else _FORWARD_ATEN):
-            self.violations.add(f"{'kernel body' if self.depth else 'forward'}: {func}")
+            self.violations.add(f"{self.where()}: {func}")
         return func(*args, **(kwargs or {}))
 
+    def in_host(self, fn, *args):
+        """fn(*args) (a grid or heuristics callable) with every aten op and bridge a violation."""
+        host, self.host = self.host, True
+        try:
+            return fn(*args)
+        finally:
+            self.host = host
 
-def _hook_launches(audit: _Audit) -> None:
-    """Count real kernel launches (jit on GPU, interpreter on CPU; autotuners end in one of these) and mark the
-    time inside them."""
+
+def _argument_problem(value, constexpr: bool) -> str | None:
+    """Why a kernel argument must not reach a kernel body: anything but a tensor (never for a tl.constexpr
+    parameter), an exact scalar, a Triton dtype or constexpr of a scalar, or a tuple of those."""
+    import triton.language as tl
+    if type(value) is tuple:
+        return next(filter(None, (_argument_problem(v, constexpr) for v in value)), None)
+    if type(value) in (torch.Tensor, torch.nn.Parameter):
+        return "a tensor as tl.constexpr" if constexpr else None
+    if type(value) is tl.constexpr:
+        return _argument_problem(value.value, True)
+    if type(value) in _SCALARS or isinstance(value, tl.dtype) and type(value).__module__.startswith("triton."):
+        return None
+    return f"a {type(value).__name__} (not a tensor, scalar or dtype)"
+
+
+def _refused_launch(kernel, args: tuple, kwargs: dict) -> str | None:
+    """Why a launch must not run: a pre-run hook (candidate code inside the launch) or an argument that
+    _argument_problem refuses."""
+    if kernel.pre_run_hooks:
+        return "a pre-run hook"
+    constexprs = {n for n, a in inspect.get_annotations(kernel.fn).items() if "constexpr" in str(a)}
+    for name, value in [*zip(kernel.arg_names, args), *kwargs.items()]:
+        problem = _argument_problem(value, name in constexprs)
+        if problem:
+            return f"argument {name} of {kernel.fn.__name__} is {problem}"
+    return None
+
+
+def _hook_launches(audit: _Audit, cpu: bool) -> None:
+    """Count real kernel launches (jit on GPU, interpreter on CPU; autotuners end in one of these), refuse the
+    ones _refused_launch names, mark the time inside them, and run grid and heuristics callables in the host
+    window. On CPU the autotuner takes its first config: under the interpreter it has no benchmarker."""
+    from triton.runtime.autotuner import Autotuner, Heuristics
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
     def wrap(cls):
         run = cls.run
 
-        def counted_run(self, *args, **kwargs):
-            audit.launches += not kwargs.get("warmup", False)
+        def counted_run(self, *args, grid, warmup, **kwargs):
+            refused = _refused_launch(self, args, kwargs)
+            if refused:
+                audit.violations.add(f"launch: {refused}")
+                return None
+            audit.launches += not warmup
             audit.depth += 1
             try:
-                return run(self, *args, **kwargs)
+                return run(self, *args, grid=(lambda meta: audit.in_host(grid, meta)) if callable(grid) else grid,
+                           warmup=warmup, **kwargs)
             finally:
                 audit.depth -= 1
         cls.run = counted_run
 
+    def heuristics_run(self, *args, **kwargs):      # Heuristics.run with its callables in the host window
+        for name, heuristic in self.values.items():
+            kwargs[name] = audit.in_host(heuristic, {**dict(zip(self.arg_names, args)), **kwargs})
+        return self.fn.run(*args, **kwargs)
+
     wrap(JITFunction)
     wrap(InterpretedFunction)
+    Heuristics.run = heuristics_run
+    if cpu:
+        Autotuner.do_bench = property(lambda self: self._do_bench or (lambda call, quantiles: [0.0, 0.0, 0.0]))
 
 
 def _guard_bridges(audit: _Audit) -> None:
-    """Tensor -> numpy / Python list conversions made by candidate code are violations (checked by the calling
-    frame's file, so triton's and torch's own calls pass)."""
+    """Tensor -> numpy / Python data and raw storage are violations whoever calls them (a library wrapper in
+    between changes nothing), except inside a kernel launch outside grid / heuristics callables: there only
+    the interpreter runs, copying its arguments through their storages."""
     for name in _BRIDGES:
         original = getattr(torch.Tensor, name)
 
         def guarded(self, *args, _name=name, _original=original, **kwargs):
-            if audit.phase and sys._getframe(1).f_code.co_filename == _CANDIDATE:
-                audit.violations.add(f"{audit.phase}: Tensor.{_name}() (numpy / Python compute)")
+            if audit.phase and (audit.host or not audit.depth):
+                audit.violations.add(f"{audit.where()}: Tensor.{_name}() (numpy / Python compute)")
             return _original(self, *args, **kwargs)
         setattr(torch.Tensor, name, guarded)
 
@@ -189,9 +254,9 @@ class _Candidate:
     def run(self) -> None:
         with open(_CANDIDATE, encoding="utf-8") as f:
             text = f.read()              # the text the linter read (coding declarations are rejected there)
-        _hook_launches(self.audit)
-        _guard_bridges(self.audit)
         cpu = self.job["device"] == "cpu"
+        _hook_launches(self.audit, cpu)
+        _guard_bridges(self.audit)
         threads = _threads()
         if cpu:     # no new thread or process from here on (on CUDA, the driver and ptxas need them)
             resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))

@@ -1,4 +1,4 @@
-"""AutoTriton reward: 1.0 only if the completion's code passes the rule-based Triton linter AND matches the
+"""AutoTriton reward: 1.0 only if the completion's code is written in the accepted language below AND matches the
 PyTorch reference in the sandbox; else 0.0 with a reason code.
 
     score, info = triton_reward(completion, task, timeout_s=60)
@@ -8,27 +8,89 @@ PyTorch reference in the sandbox; else 0.0 with a reason code.
     info: {"reason": str, "detail": str, "time_s": float, "not_enforced": [str], "max_abs_err": float,
            "speedup": float (CUDA only)}
 
-AutoTriton (SFT then GRPO): reward = is_triton(code) AND passes tests. The linter (`lint`) reads exactly the
-text that will run (utf-8, no other coding declaration) and needs an `@triton.jit` kernel launched on
-ModelNew.forward's call path, no torch compute op standing in for it (called or loaded as an attribute), no
-tensor -> numpy / Python bridge, no try/except fallback, no monkey-patching, only exact allowed names of torch
-/ torch.nn / triton(.language) / math / typing / functools (never a module reached through one, never a
-module as a value), no eval/exec/open/getattr/type/dunder or frame access, kernels reading only constexpr
-globals. Execution (`execute`): the reference runs once per task in its own sandboxed process (cached) on
-inputs from seeds drawn per process and never shown to the candidate; the candidate runs in another sandbox
-(rewards/triton_harness.py) that gets the init seed, init inputs and parameters, builds ModelNew, and only
-then decodes the inputs; its outputs, its inputs after the call and its audit come back as a safetensors
-file that this process validates field by field before comparing (torch.allclose, atol = rtol = 1e-4 fp32,
-1e-2 fp16/bf16, exact for integers) and checking mutation, so patching allclose, timers or the harness inside
-the sandbox changes nothing here. The audit (no threads, no numpy bridges, no torch compute in forward
-outside kernels, real launches) runs in the candidate's process: it binds code that passed the linter, which
-cannot reach it. On CPU the kernels run under TRITON_INTERPRET=1; on CUDA on the GPU, with the speedup.
+AutoTriton (SFT then GRPO): reward = is_triton(code) AND passes tests. `lint` decides is_triton; `execute` runs
+the reference (once per task, cached) and the candidate in two sandboxes (rewards/triton_harness.py), on inputs
+from seeds drawn per process and never shown to the candidate, and compares here (torch.allclose, atol = rtol =
+1e-4 fp32, 1e-2 fp16/bf16, exact for integers) after validating every field of the result file against the
+reference. On CPU the kernels run under TRITON_INTERPRET=1; on CUDA on the GPU, with the speedup.
+
+The accepted language (an allowlist: what is not described here is refused; reason in brackets).
+  L1 text [lint_encoding]: utf-8 without another coding declaration or a carriage return, so Python, the
+     sandbox and Triton's line-based re-read of a kernel (linecache) all see the same lines.
+  L2 imports [lint_import]: at module level only, of torch, torch.nn, triton, triton.language (.math,
+     .extra.libdevice) and math; a module is only the head of an attribute chain, and every chain is an exact
+     allowed name: the public non-module names of triton.language(.math, .extra.libdevice) and math,
+     triton.{jit, autotune, heuristics, Config, cdiv, next_power_of_2} and the torch names listed below.
+  L3 names [lint_name; lint_forbidden_call for other builtins]: every name loaded (Python's own scoping, from
+     symtable) is a local of its function or an enclosing one, a binding of a module-level statement, or one
+     of _BUILTINS. Module level holds only imports, defs, classes, assignments and docstrings (plus an
+     `if __name__ == "__main__":` block, which never runs and is ignored); each name is bound there once; code
+     that runs while the module imports (assignments, decorators, defaults, class bodies) calls only API names
+     and builtins and names no function or class of the file but as a base class; no `global`, no `del` of a
+     name, no `:=`; classes at module level only.
+  L4 attributes [lint_forbidden_call]: no dunder but __init__, no `_private` attribute but a class's own
+     (`self._x` where the class assigns it), none of the frame / code / traceback attributes or `.handle`;
+     in kernel bodies only the public attributes of Triton's tensor, dtype and constexpr; no generators or
+     coroutines (yield, async, await).
+  L5 strings [lint_string]: no bytes; a str constant is a docstring, a call argument, a subscript key, a
+     comparison operand, an assert message, an assigned or default value, or a dict key or value (inside
+     list / tuple / dict literals in those places too); at most 200 characters and on one line, except
+     docstrings, which may span lines; f-strings only in assert messages, raise statements and print calls;
+     no annotation holds a string.
+  L6 kernels and launches [lint_launch]: a kernel is a module-level def whose decorators are `@triton.jit`
+     (bare, or with literal debug / noinline / do_not_specialize(_on_alignment)) innermost, optionally under
+     `@triton.heuristics({"NAME": lambda args: <size expr>})` and `@triton.autotune(configs, key=[...],
+     reset_to_zero=[...], restore_value=[...])`; `triton.Config(dict, num_warps=, num_stages=, num_ctas=,
+     maxnreg=)`. jit / autotune / heuristics appear nowhere else. A kernel's name is used only as
+     `kernel[grid](...)` in host code, and in kernel bodies called or passed to a triton.language function.
+     grid: a tuple, a one-argument lambda whose body is a tuple of size expressions, or a name the same scope
+     assigns only those. Size expression: int constants, names, attribute chains, `x.shape[i]`,
+     `x.numel()`, `x.size(i)`, `x.stride(i)`, `x.dim()`, `meta["KEY"]`, + - * // % << >>, triton.cdiv,
+     triton.next_power_of_2, min, max (heuristics may also compare). A kernel body uses a tl.constexpr
+     parameter only as a value (no attribute, item or call on it) and stores only to names. Method
+     decorators: staticmethod, torch.no_grad(), torch.inference_mode(); none elsewhere.
+  L7 kernel source [lint_source]: for every kernel, the text Triton compiles (the interpreter: from the last
+     line of the decorated block, as inspect reads it, that starts with `def `; the GPU compiler: from the
+     first `^def name(`) parses to exactly the linted function, and no other line of the block starts with
+     `def `.
+  L8 the task's rules: no try [lint_try_except]; stores only to names, to items of containers that are not
+     modules or builtins, and to attributes of a method's first parameter (self.x, ctx.x) [lint_monkeypatch];
+     a ModelNew with forward [lint_no_model], an @triton.jit kernel [lint_no_kernel] launched on forward's
+     call path [lint_kernel_not_launched]; outside ModelNew.__init__ and kernel bodies only allocation /
+     dtype / device names of torch, no `@`, no tensor compute method called or loaded, no call of a torch
+     submodule; nowhere a tensor -> numpy / Python bridge, torch.compile, C++ extensions, torch.ops / load /
+     nn.functional [lint_torch_op]; a kernel body reads no module global but tl.constexpr(...) ones and kernels
+     [lint_forbidden_call].
+
+Why accepted code reaches no exec, frame, numpy or host compute (check rule by rule):
+  exec / eval / import: none is a builtin in _BUILTINS (L3), none is an allowed API name and no allowed name
+     is a module (L2; tests check the closure), and no attribute leads to one without a dunder (function
+     globals, class dicts, modules of objects: L4). No string is read as code: typing / functools / __future__
+     are not importable (L2), annotations hold no strings (L5), eval-like builtins are unbound (L3).
+  frames: reached only through sys / inspect (not importable, and Triton's injected `inspect` is not a binding
+     of the file: L2, L3), generator / coroutine / traceback objects (no yield / async, no try: L4, L8) or
+     frame attributes (L4).
+  numpy: through `import numpy` (L2), Triton's injected `np` (L3), a Triton value's `.handle` (L4) or a tensor
+     bridge (.numpy / .tolist / storages / __array__: L4, L8).
+  host compute: torch ops outside __init__ and kernels are refused by name (L8) and recorded at run time by the
+     harness's dispatch audit; Python on tensor values needs a scalar read (aten._local_scalar_dense, recorded
+     outside kernel launches) or a bridge (refused here, recorded at run time whoever calls it). Inside a
+     launch the only candidate code that runs is kernel bodies (Triton on Triton values: L4, L6; the harness
+     refuses any launch argument that is not a tensor, a scalar or a dtype, and tensors as tl.constexpr) and
+     grid / heuristics lambdas in the size language (L6; the harness evaluates them in a window where any
+     aten op or bridge is a violation); hooks, `triton.jit(fn)` calls and kernels as values are not in the
+     language (L6). The text that runs is the text linted (L1, L7), and Triton's injected globals are never
+     read (L3: every loaded name is bound by the file before any launch can happen, L3's import-time rule).
+  the audit: it lives in the harness's frames and in modules no allowed name reaches, so accepted code cannot
+     switch it off; the run-time checks are defence in depth for what no static rule sees (the types of launch
+     arguments). `execute` alone runs code without this rule (the sandbox and the parent's validation hold).
 
 Reason codes, in the order they are checked:
   no_code; lint_encoding, syntax_error, lint_try_except, lint_monkeypatch, lint_forbidden_call, lint_import,
-  lint_no_model, lint_no_kernel, lint_kernel_not_launched, lint_torch_op (static, or at run time: detail
-  starts "runtime"); no_sandbox (no bwrap and no opt-out: rewards/sandbox.py); reference_error (the task's
-  own code failed), sandbox_error; timeout, oom (the sandbox's memory cgroup), crash (killed by a signal,
+  lint_name, lint_string, lint_source, lint_launch, lint_no_model, lint_no_kernel, lint_kernel_not_launched,
+  lint_torch_op (static, or at run time: detail starts "runtime"; a launch the harness refused is lint_launch
+  "runtime: launch ..."); no_sandbox (no bwrap and no opt-out: rewards/sandbox.py); reference_error (the
+  task's own code failed), sandbox_error; timeout, oom (the sandbox's memory cgroup), crash (killed by a signal,
   exited non-zero or wrote a malformed result), early_exit (exited before writing a result, or SystemExit);
   compile_error (module import or Triton compilation failed), oom, runtime_error; input_mutated,
   wrong_output; ok; reward_error (a failure of the reward itself: it never raises).
@@ -37,18 +99,23 @@ Reason codes, in the order they are checked:
 import ast
 import builtins
 import codecs
+import copy
 import functools
 import importlib
+import inspect
 import io
 import json
 import math
 import os
+import re
 import secrets
+import symtable
+import textwrap
 import threading
 import time
 import tokenize
 import types
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 
 from rewards.code import extract_code
 from rewards.sandbox import refusal, run_python
@@ -65,21 +132,31 @@ _ref_cache: "OrderedDict[tuple, dict]" = OrderedDict()   # (reference_code, devi
 _ref_lock = threading.Lock()                              # triton_eval scores from threads
 
 _ALLOWED_MODULES = ("torch", "torch.nn", "triton", "triton.language", "triton.language.math",
-                    "triton.language.extra", "triton.language.extra.libdevice", "math", "typing", "functools",
-                    "__future__")
+                    "triton.language.extra", "triton.language.extra.libdevice", "math")
 # modules whose public names (their __all__, else dir(); never a module) are allowed as exact paths
-_API_MODULES = ("triton.language", "triton.language.math", "triton.language.extra.libdevice", "math", "typing",
-                "functools")
+_API_MODULES = ("triton.language", "triton.language.math", "triton.language.extra.libdevice", "math")
 _TRITON_TOP = ("jit", "autotune", "Config", "heuristics", "cdiv", "next_power_of_2")
-_FORBIDDEN_NAMES = frozenset("eval exec compile open __import__ getattr setattr delattr globals locals vars "
-                             "breakpoint input exit quit memoryview help type".split())
+# the builtins a name may resolve to: none evaluates text, imports, reads frames or reaches an attribute by
+# name; on tensors they act through protocol methods (aten ops, scalar reads) that the run-time audit records
+_BUILTINS = frozenset("""
+abs all any bool dict divmod enumerate float int isinstance len list max min pow print range reversed round slice
+sorted sum super tuple zip staticmethod AssertionError Exception IndexError KeyError NotImplementedError
+RuntimeError TypeError ValueError
+""".split())
 # introspection attributes (frames, code objects, generator and traceback internals) reach the harness's
 # variables without a dunder; `handle` is the interpreter's numpy array behind a Triton value
-_FORBIDDEN_ATTRS = frozenset("""
+_FRAME_ATTRS = frozenset("""
 gi_frame gi_code gi_yieldfrom cr_frame cr_code cr_await ag_frame ag_code ag_await f_back f_globals f_locals
 f_builtins f_code f_trace tb_frame tb_next co_code co_consts co_names func_globals handle
 """.split())
-_ALLOWED_DUNDERS = frozenset(("__init__", "__name__"))
+_ALLOWED_DUNDERS = frozenset(("__init__",))
+_STRING_MAX = 200              # characters of a str constant that is not a docstring
+_KERNEL_DECORATORS = {"triton.jit": {"debug", "noinline", "do_not_specialize", "do_not_specialize_on_alignment"},
+                      "triton.autotune": {"configs", "key", "reset_to_zero", "restore_value"},
+                      "triton.heuristics": {"values"}}
+_CONFIG_KEYWORDS = frozenset(("kwargs", "num_warps", "num_stages", "num_ctas", "maxnreg"))
+_SIZE_OPS = (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod, ast.LShift, ast.RShift)
+_SIZE_METHODS = frozenset(("numel", "size", "stride", "dim"))
 # torch names code outside ModelNew.__init__ may use: allocation, dtypes, devices, types; the rest is compute.
 _TORCH_OK = frozenset("torch." + n for n in """
 empty empty_like empty_strided zeros zeros_like ones ones_like full full_like arange Tensor Size device dtype
@@ -100,7 +177,7 @@ LayerNorm GroupNorm RMSNorm BatchNorm1d BatchNorm2d BatchNorm3d InstanceNorm1d I
 Dropout Identity Sequential ModuleList ModuleDict ParameterList ParameterDict Buffer MultiheadAttention PReLU
 init.uniform_ init.normal_ init.constant_ init.ones_ init.zeros_ init.eye_ init.xavier_uniform_
 init.xavier_normal_ init.kaiming_uniform_ init.kaiming_normal_ init.trunc_normal_ init.orthogonal_
-init.calculate_gain init._calculate_fan_in_and_fan_out
+init.calculate_gain
 """.split())
 # method names that compute on a tensor (also with a trailing "_": add_ is add; apply_ only with it, as
 # autograd.Function.apply is fine); loading one as an attribute counts as much as calling it (f = x.exp)
@@ -120,15 +197,16 @@ apply_ map_ map2_ renorm dist cdist histc bincount unique nan_to_num item
 # tensor -> numpy / Python data or raw memory: forbidden everywhere, __init__ and kernels included
 _BRIDGE_METHODS = frozenset("numpy tolist untyped_storage storage _typed_storage".split())
 _LINT_ORDER = ("lint_encoding", "lint_try_except", "lint_monkeypatch", "lint_forbidden_call", "lint_import",
-               "lint_no_model", "lint_no_kernel", "lint_kernel_not_launched", "lint_torch_op")
+               "lint_name", "lint_string", "lint_source", "lint_launch", "lint_no_model", "lint_no_kernel",
+               "lint_kernel_not_launched", "lint_torch_op")
 _TOLERANCE = {"float16": 1e-2, "bfloat16": 1e-2}   # atol = rtol by output dtype; other floats 1e-4
+_MAIN_GUARD = ast.dump(ast.parse('__name__ == "__main__"', mode="eval").body)
 
 
 @functools.cache
 def _api_names() -> frozenset:
-    """Exact dotted names of triton, triton.language (.math, .extra.libdevice), math, typing and functools that
-    code may use: their public non-module names. A module reached as an attribute (typing.sys, triton.knobs)
-    is never one of them."""
+    """Exact dotted names of triton, triton.language (.math, .extra.libdevice) and math that code may use:
+    their public non-module names. A module reached as an attribute (triton.knobs, tl.core) is never one."""
     names = {f"triton.{n}" for n in _TRITON_TOP}
     for mod in _API_MODULES:
         module = importlib.import_module(mod)
@@ -150,6 +228,17 @@ def _allowed_paths(strict: bool) -> tuple:
     return exact, frozenset(prefixes)
 
 
+@functools.cache
+def _kernel_attrs() -> frozenset:
+    """Attributes a kernel body may read on a value: the public ones of Triton's tensor, dtype and constexpr
+    classes and their instance fields (none is a mutating method of a torch tensor)."""
+    import triton.language as tl
+    names = {"dtype", "shape", "type", "numel", "element_ty", "value", "primitive_bitwidth", "name"}
+    for cls in (tl.tensor, tl.dtype, tl.pointer_type, tl.block_type, tl.constexpr):
+        names |= {n for n in dir(cls) if not n.startswith("_")}
+    return frozenset(names - _FRAME_ATTRS)
+
+
 def _dotted(node) -> str | None:
     """"a.b.c" for an Attribute chain on a Name, else None."""
     parts = []
@@ -161,19 +250,92 @@ def _dotted(node) -> str | None:
     return ".".join([node.id, *reversed(parts)])
 
 
+def _root(dotted: str | None) -> str | None:
+    return dotted.partition(".")[0] if dotted else None
+
+
+def _docstrings(tree) -> dict:
+    """{id(Constant): Constant} of the docstrings of the module, its classes and functions."""
+    found = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and node.body and \
+                isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant) and \
+                isinstance(node.body[0].value.value, str):
+            found[id(node.body[0].value)] = node.body[0].value
+    return found
+
+
+def _at_import(node):
+    """The nodes of a module-level statement that run while the module imports: everything but the bodies of
+    functions and lambdas (their decorators, defaults and annotations run)."""
+    yield node
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        a = node.args
+        children = [*a.defaults, *filter(None, a.kw_defaults)]
+        if not isinstance(node, ast.Lambda):
+            children += [*node.decorator_list, node.returns, *(x.annotation for x in
+                         [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg] if x)]
+    else:
+        children = ast.iter_child_nodes(node)
+    for child in children:
+        if child is not None:
+            yield from _at_import(child)
+
+
+def _same_function(src: str, fn: ast.FunctionDef) -> bool:
+    """Whether src is exactly fn without its decorators (ast.dump ignores positions)."""
+    try:
+        tree = ast.parse(src)
+    except (SyntaxError, ValueError):
+        return False
+    bare = copy.copy(fn)
+    bare.decorator_list = []
+    return len(tree.body) == 1 and ast.dump(tree.body[0]) == ast.dump(bare)
+
+
+def _triton_sources(lines: list, fn: ast.FunctionDef) -> tuple:
+    """(block, interpreter source, GPU source) of the kernel fn, taken from the file's lines the way Triton takes
+    them: inspect.getsourcelines reads the block from the first decorator (the function's co_firstlineno);
+    the interpreter (FunctionRewriter) compiles the dedented block from its LAST line starting with `def `, the
+    GPU compiler (JITCallable) from the first `^def name(` of the dedented block."""
+    start = (fn.decorator_list[0].lineno if fn.decorator_list else fn.lineno) - 1
+    block = inspect.getblock(lines[start:])
+    defs = [i for i, line in enumerate(block) if line.strip().startswith("def ")]
+    text = textwrap.dedent("".join(block))
+    first = re.search(r"^def\s+\w+\s*\(", text, re.MULTILINE)
+    return (block, textwrap.dedent("".join(block[defs[-1]:])) if defs else "",
+            text[first.start():] if first else "")
+
+
 class _Linter(ast.NodeVisitor):
     """Collects (reason, detail) problems of one module; `lint` reports the first in _LINT_ORDER."""
 
-    def __init__(self, tree: ast.Module):
+    def __init__(self, code: str, tree: ast.Module):
         self.problems = []
-        self.aliases = {}          # local name -> dotted module path or torch/triton object, from imports
+        self.aliases = {}          # local name -> dotted module path or API name, from imports
         self.scopes = []           # stack of local-name sets of the enclosing functions
-        self.parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                self._import(node)
-        self.visit(tree)
-        self._structure(tree)
+        self.methods = []          # stack of (first parameter, own attributes of its class) of enclosing methods
+        self.kernel = None         # the kernel whose body is being visited
+        body = [s for s in tree.body if ast.dump(getattr(s, "test", ast.Pass())) != _MAIN_GUARD or s.orelse]
+        self.module = ast.Module(body=body, type_ignores=[])      # an `if __name__ == "__main__":` never runs
+        self.parents = {child: node for node in ast.walk(self.module) for child in ast.iter_child_nodes(node)}
+        for stmt in body:
+            if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                self._import(stmt)
+        self.funcs = {n.name: n for n in body if isinstance(n, ast.FunctionDef)}
+        self.classes = {n.name: n for n in body if isinstance(n, ast.ClassDef)}
+        self.kernels = {name: fn for name, fn in self.funcs.items() if self._is_jit(fn)}
+        self.constexprs = {fn: {a.arg for a in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]
+                                if a.annotation and self.resolve(a.annotation) == "triton.language.constexpr"}
+                           for fn in self.kernels.values()}
+        self.own_attrs = set()     # attributes the class being visited assigns on its methods' first parameter
+        self.visit(self.module)
+        self._names(self._module_bindings())
+        self._import_time()
+        self._strings(code)
+        self._kernel_sources(code)
+        self._launches()
+        self._structure()
 
     def flag(self, reason: str, node, what: str) -> None:
         self.problems.append((reason, f"line {node.lineno}: {what}" if hasattr(node, "lineno") else what))
@@ -189,7 +351,7 @@ class _Linter(ast.NodeVisitor):
             return None
         return self.aliases[root] + ("." + rest if rest else "")
 
-    # ---- imports, forbidden names, try/except, monkey-patching: the whole module ----
+    # ---- L2 imports ----
     def _import(self, node) -> None:
         if isinstance(node, ast.Import):
             pairs = [(a.name, a.asname or a.name.split(".")[0], a.name if a.asname else a.name.split(".")[0])
@@ -202,13 +364,20 @@ class _Linter(ast.NodeVisitor):
                 self.flag("lint_import", node, f"from {module} import *")
             elif module.startswith("torch") and module not in _ALLOWED_MODULES:
                 self.flag("lint_torch_op", node, f"imports {module}")
-            elif module not in _ALLOWED_MODULES:
+            elif module not in _ALLOWED_MODULES or getattr(node, "level", 0):
                 self.flag("lint_import", node, f"imports {module}")
-            elif not (target in _ALLOWED_MODULES or target in exact or module == "__future__"):
+            elif not (target in _ALLOWED_MODULES or target in exact):
                 self.flag("lint_torch_op" if target.startswith("torch") else "lint_import", node,
                           f"imports {target} (not an allowed name)")
             self.aliases[local] = target
 
+    def visit_Import(self, node):
+        if self.parents.get(node) is not self.module:
+            self.flag("lint_import", node, "imports only at module level")
+
+    visit_ImportFrom = visit_Import
+
+    # ---- L3 names, L4 attributes, L8 try and stores: one pass over the module ----
     def visit_Try(self, node):
         self.flag("lint_try_except", node, "try/except (a fallback path)")
         self.generic_visit(node)
@@ -216,61 +385,387 @@ class _Linter(ast.NodeVisitor):
     visit_TryStar = visit_Try
 
     def visit_Name(self, node):
-        if node.id in _FORBIDDEN_NAMES:
+        if node.id.startswith("__") and node.id not in _ALLOWED_DUNDERS:
             self.flag("lint_forbidden_call", node, f"uses {node.id}")
-        elif node.id.startswith("__") and node.id not in _ALLOWED_DUNDERS:
-            self.flag("lint_forbidden_call", node, f"uses {node.id}")
+        if self.kernel and node.id in self.constexprs[self.kernel] and isinstance(node.ctx, ast.Load):
+            parent = self.parents.get(node)
+            if isinstance(parent, (ast.Attribute, ast.Subscript)) and parent.value is node or \
+                    isinstance(parent, ast.Call) and parent.func is node:
+                self.flag("lint_launch", node, f"tl.constexpr parameter {node.id} used as an object (only its "
+                          "value: a tensor passed as constexpr would run as torch inside the kernel)")
 
     def visit_Attribute(self, node):
-        if node.attr.startswith("__") and node.attr not in _ALLOWED_DUNDERS or node.attr in _FORBIDDEN_ATTRS:
-            self.flag("lint_forbidden_call", node, f"uses .{node.attr}")
-        if isinstance(node.ctx, (ast.Store, ast.Del)):
-            self._check_store(node)
+        attr = node.attr
+        owner = self.methods[-1] if self.methods else (None, ())
+        on_self = isinstance(node.value, ast.Name) and node.value.id == owner[0]
+        if attr.startswith("__") and attr not in _ALLOWED_DUNDERS or attr in _FRAME_ATTRS:
+            self.flag("lint_forbidden_call", node, f"uses .{attr}")
+        elif attr.startswith("_") and attr not in _ALLOWED_DUNDERS and not (on_self and attr in owner[1]):
+            self.flag("lint_forbidden_call", node, f"uses .{attr} (private: only a class's own self._x)")
+        elif self.kernel and isinstance(node.ctx, ast.Load) and self.resolve(node) is None and \
+                attr not in _kernel_attrs():
+            self.flag("lint_forbidden_call", node, f"kernel {self.kernel.name} uses .{attr} (not an attribute "
+                      "of a Triton tensor, dtype or constexpr)")
+        if isinstance(node.ctx, (ast.Store, ast.Del)) and (self.kernel or not on_self):
+            self.flag("lint_monkeypatch", node, f"assigns to {ast.unparse(node)} (only self.x = ... or ctx.x = ...)")
         self.generic_visit(node)
 
     def visit_Subscript(self, node):
         if isinstance(node.ctx, (ast.Store, ast.Del)):
-            self._check_store(node)
+            root = node.value
+            while isinstance(root, (ast.Attribute, ast.Subscript, ast.Call)):
+                root = root.func if isinstance(root, ast.Call) else root.value
+            name = root.id if isinstance(root, ast.Name) else None
+            local = any(name in scope for scope in self.scopes)
+            if self.kernel or name in self.aliases or (name in vars(builtins) and not local):
+                self.flag("lint_monkeypatch", node, f"assigns to {ast.unparse(node)}")
         self.generic_visit(node)
 
-    def _check_store(self, node) -> None:
-        """An attribute/item store is a monkey-patch when its root is a module, a builtin, or (for attributes)
-        anything that is not a local of the enclosing functions (module-level `Class.attr = ...` included)."""
-        root = node.value
-        while isinstance(root, (ast.Attribute, ast.Subscript, ast.Call)):
-            root = root.func if isinstance(root, ast.Call) else root.value
-        name = root.id if isinstance(root, ast.Name) else None
-        local = any(name in scope for scope in self.scopes)
-        if name in self.aliases or (name in vars(builtins) and not local) or \
-                (isinstance(node, ast.Attribute) and not local):
-            self.flag("lint_monkeypatch", node, f"assigns to {ast.unparse(node)}")
+    def visit_Global(self, node):
+        self.flag("lint_name", node, "global (rebinds module names at run time)")
+
+    def visit_Delete(self, node):
+        if any(isinstance(t, ast.Name) for t in node.targets):
+            self.flag("lint_name", node, "del of a name (an unbound global reads Triton's injected globals)")
+        self.generic_visit(node)
+
+    def visit_NamedExpr(self, node):
+        self.flag("lint_name", node, "assignment expression (:=)")
+        self.generic_visit(node)
+
+    def _generator(self, node):
+        self.flag("lint_forbidden_call", node, "generators and coroutines (yield, async, await: their frames)")
+        self.generic_visit(node)
+
+    visit_Yield = visit_YieldFrom = visit_Await = visit_AsyncFunctionDef = visit_AsyncFor = visit_AsyncWith = \
+        _generator
+
+    def visit_ClassDef(self, node):
+        if self.parents.get(node) is not self.module or node.decorator_list or node.keywords:
+            self.flag("lint_name", node, f"class {node.name}: classes only at module level, with bases only")
+        own = {n.id for stmt in node.body if isinstance(stmt, (ast.Assign, ast.AnnAssign)) for n in ast.walk(stmt)
+               if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        for m in node.body:
+            if isinstance(m, ast.FunctionDef):
+                own.add(m.name)
+                own |= {t.attr for t in ast.walk(m) if isinstance(t, ast.Attribute) and isinstance(t.ctx, ast.Store)
+                        and isinstance(t.value, ast.Name) and m.args.args and t.value.id == m.args.args[0].arg}
+        self.own_attrs = own
+        self.generic_visit(node)
 
     def visit_FunctionDef(self, node):
-        if getattr(node, "name", "").startswith("__") and node.name not in _ALLOWED_DUNDERS:
+        if node.name.startswith("__") and node.name not in _ALLOWED_DUNDERS:
             self.flag("lint_forbidden_call", node, f"defines {node.name} (only __init__ may be defined)")
+        parent = self.parents.get(node)
+        if node.name in self.kernels and parent is self.module:
+            self._kernel_decorators(node)
+        elif isinstance(parent, ast.ClassDef):
+            for d in node.decorator_list:
+                if not (isinstance(d, ast.Name) and d.id == "staticmethod" or isinstance(d, ast.Call) and
+                        not d.args and not d.keywords and self.resolve(d.func) in ("torch.no_grad", "torch.inference_mode")):
+                    self.flag("lint_launch", d, f"decorator {ast.unparse(d)} (methods: staticmethod, torch.no_grad())")
+        elif node.decorator_list:
+            self.flag("lint_launch", node, f"decorators on {node.name} (kernels are module-level @triton.jit defs)")
+        method = isinstance(parent, ast.ClassDef) and node.args.args
+        if method:
+            self.methods.append((node.args.args[0].arg, self.own_attrs))
+        kernel, self.kernel = self.kernel, self.kernels.get(node.name) if parent is self.module else self.kernel
+        self._scoped(node)
+        self.kernel = kernel
+        if method:
+            self.methods.pop()
+
+    def _scoped(self, node):
         self.scopes.append(_local_names(node))
         self.generic_visit(node)
         self.scopes.pop()
 
-    visit_AsyncFunctionDef = visit_Lambda = visit_FunctionDef
+    visit_Lambda = _scoped
 
-    # ---- kernels and the forward call path ----
+    # ---- L3: names resolve to the file's own bindings ----
+    def _module_bindings(self) -> set:
+        """Names the module-level statements bind; flags other statements and names bound twice (an import
+        repeated as is excepted)."""
+        bound, imported = Counter(), {}
+        for i, stmt in enumerate(self.module.body):
+            if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                for a in stmt.names:
+                    target = f"{stmt.module}.{a.name}" if isinstance(stmt, ast.ImportFrom) else \
+                        a.name if a.asname else a.name.split(".")[0]
+                    imported.setdefault(a.asname or target.split(".")[0] if isinstance(stmt, ast.Import)
+                                        else a.asname or a.name, set()).add(target)
+            elif isinstance(stmt, (ast.FunctionDef, ast.ClassDef)):
+                bound[stmt.name] += 1
+            elif isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and \
+                    (not isinstance(stmt, ast.AnnAssign) or stmt.value is not None):
+                targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                bound.update(n.id for t in targets for n in ast.walk(t)
+                             if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store))
+            elif not (isinstance(stmt, ast.Pass) or isinstance(stmt, ast.Expr) and
+                      (isinstance(stmt.value, ast.Call) or i == 0 and isinstance(stmt.value, ast.Constant))):
+                self.flag("lint_name", stmt, f"module level holds only imports, defs, classes, assignments and "
+                          f"calls, not {type(stmt).__name__} (names must be bound unconditionally)")
+        bound.update({name: len(targets) for name, targets in imported.items()})
+        for name, count in bound.items():
+            if count > 1:
+                self.flag("lint_name", self.module, f"{name} is bound {count} times at module level")
+        return set(bound)
+
+    def _names(self, bound: set) -> None:
+        """Every name a scope reads from the globals (symtable: Python's own scoping) is bound by the module or
+        is one of _BUILTINS: after a launch the interpreter copies its own globals (np, inspect, ...) into this
+        module for every name the file does not bind."""
+        todo = [symtable.symtable(ast.unparse(self.module), "candidate.py", "exec")]
+        seen = set()
+        while todo:
+            table = todo.pop()
+            todo.extend(table.get_children())
+            for sym in table.get_symbols():
+                name = sym.get_name()
+                if sym.is_referenced() and sym.is_global() and name not in bound | _BUILTINS | seen:
+                    seen.add(name)
+                    where = next((n for n in ast.walk(self.module) if isinstance(n, ast.Name) and n.id == name),
+                                 self.module)
+                    if hasattr(builtins, name):
+                        self.flag("lint_forbidden_call", where, f"uses builtin {name}")
+                    else:
+                        self.flag("lint_name", where, f"{name} is not bound in the file (not an import, definition "
+                                  "or assignment of it)")
+
+    def _import_time(self) -> None:
+        """Code that runs while the module imports calls only API names and builtins and names no function or
+        class of the file (but as a base class): no kernel can launch before the import ends, so every global
+        a function reads later is the file's own."""
+        defined = set(self.funcs) | set(self.classes)
+        for stmt in self.module.body:
+            for node in _at_import(stmt):
+                parent = self.parents.get(node)
+                if isinstance(node, ast.Call) and self.resolve(node.func) is None and \
+                        not (isinstance(node.func, ast.Name) and node.func.id in _BUILTINS):
+                    self.flag("lint_name", node, f"{ast.unparse(node.func)}(...) runs at import (module level "
+                              "calls only imported API names and builtins)")
+                elif isinstance(node, ast.Name) and node.id in defined and isinstance(node.ctx, ast.Load) and \
+                        not (isinstance(parent, ast.ClassDef) and node in parent.bases):
+                    self.flag("lint_name", node, f"{node.id} used at import time")
+
+    # ---- L5 strings ----
+    def _strings(self, code: str) -> None:
+        docs = _docstrings(self.module)
+        spans = {(d.lineno, d.end_lineno) for d in docs.values()}
+        for tok in tokenize.generate_tokens(io.StringIO(code).readline):
+            if tok.type == tokenize.STRING and tok.start[0] != tok.end[0] and (tok.start[0], tok.end[0]) not in spans:
+                self.flag("lint_string", types.SimpleNamespace(lineno=tok.start[0]),
+                          "a string spanning lines (only docstrings may)")
+        annotations = set()
+        for node in ast.walk(self.module):
+            found = node.annotation if isinstance(node, (ast.arg, ast.AnnAssign)) else \
+                node.returns if isinstance(node, ast.FunctionDef) else None
+            annotations |= {id(n) for n in ast.walk(found)} if found else set()
+        for node in ast.walk(self.module):
+            parent = self.parents.get(node)
+            if id(node) in annotations and (isinstance(node, ast.JoinedStr) or
+                                            isinstance(node, ast.Constant) and isinstance(node.value, str)):
+                self.flag("lint_string", node, "a string annotation (Triton and typing read it as code)")
+            elif isinstance(node, ast.Constant) and isinstance(node.value, bytes):
+                self.flag("lint_string", node, "bytes literal")
+            elif isinstance(node, ast.JoinedStr):
+                if not self._message(node):
+                    self.flag("lint_string", node, "f-string outside assert messages, raise and print")
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs and \
+                    not isinstance(parent, (ast.JoinedStr, ast.FormattedValue)):
+                if len(node.value) > _STRING_MAX:
+                    self.flag("lint_string", node, f"a string of {len(node.value)} characters (at most {_STRING_MAX})")
+                elif not self._string_place(node):
+                    self.flag("lint_string", node, f"string {node.value[:40]!r} in a place Triton code has none")
+
+    def _string_place(self, node) -> bool:
+        """A call argument, subscript key, comparison operand, assert message, assigned or default value, or a
+        dict key / value; possibly inside list / tuple / dict literals there."""
+        child, parent = node, self.parents.get(node)
+        while isinstance(parent, (ast.List, ast.Tuple, ast.Set, ast.Starred, ast.Dict)):
+            if isinstance(parent, ast.Dict):
+                return True
+            child, parent = parent, self.parents.get(parent)
+        return isinstance(parent, (ast.keyword, ast.Compare, ast.arguments)) or \
+            isinstance(parent, ast.Call) and child in parent.args or \
+            isinstance(parent, ast.Subscript) and child is parent.slice or \
+            isinstance(parent, ast.Assert) and child is parent.msg or \
+            isinstance(parent, (ast.Assign, ast.AnnAssign)) and child is parent.value
+
+    def _message(self, node) -> bool:
+        """Whether an f-string is an assert message, part of a raise, or a print argument: text the program
+        never reads back."""
+        parent = self.parents.get(node)
+        if isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name) and parent.func.id == "print":
+            return True
+        while parent is not None and not isinstance(parent, ast.stmt):
+            node, parent = parent, self.parents.get(parent)
+        return isinstance(parent, ast.Raise) or isinstance(parent, ast.Assert) and node is parent.msg
+
+    # ---- L7 the text Triton compiles ----
+    def _kernel_sources(self, code: str) -> None:
+        lines = io.StringIO(code).readlines()
+        for fn in self.kernels.values():
+            try:
+                block, interpreted, compiled = _triton_sources(lines, fn)
+            except (SyntaxError, tokenize.TokenError) as e:
+                self.flag("lint_source", fn, f"kernel {fn.name}: inspect can't read its block ({type(e).__name__})")
+                continue
+            defs = sum(line.strip().startswith("def ") for line in block)
+            if defs != 1 or not (_same_function(interpreted, fn) and _same_function(compiled, fn)):
+                self.flag("lint_source", fn, f"kernel {fn.name}: the text Triton re-reads and compiles is not the "
+                          f"linted function ({defs} lines of its block start with 'def ')")
+
+    # ---- L6 kernels, decorators, grids ----
     def _is_jit(self, fn) -> bool:
         return any(self.resolve(d.func if isinstance(d, ast.Call) else d) == "triton.jit" for d in fn.decorator_list)
 
-    def _structure(self, tree: ast.Module) -> None:
-        funcs = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-        classes = {n.name: {m.name: m for m in n.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))}
-                   for n in tree.body if isinstance(n, ast.ClassDef)}
-        kernels = {name for name, fn in funcs.items() if self._is_jit(fn)}
+    def _kernel_decorators(self, fn) -> None:
+        """@triton.jit innermost, above it only triton.autotune / triton.heuristics calls, each with its own
+        literal keywords."""
+        for i, d in enumerate(fn.decorator_list):
+            call = d if isinstance(d, ast.Call) else None
+            path = self.resolve(call.func if call else d)
+            innermost = i == len(fn.decorator_list) - 1
+            if path not in _KERNEL_DECORATORS or (path == "triton.jit") != innermost or call is None and not innermost:
+                self.flag("lint_launch", d, f"decorator {ast.unparse(d)} on kernel {fn.name} (@triton.jit innermost, "
+                          "triton.autotune / triton.heuristics calls above it)")
+            elif call and not self._decorator_args(path, call):
+                self.flag("lint_launch", d, f"{path}(...) arguments outside the literal language")
+
+    def _decorator_args(self, path: str, call: ast.Call) -> bool:
+        keywords = {k.arg: k.value for k in call.keywords}
+        if None in keywords or not set(keywords) <= _KERNEL_DECORATORS[path]:
+            return False
+        if path == "triton.jit":
+            return not call.args and all(self._literal(v) for v in keywords.values())
+        if path == "triton.heuristics":
+            values = [*call.args, *keywords.values()]
+            return len(values) == 1 and isinstance(values[0], ast.Dict) and all(
+                isinstance(k, ast.Constant) and isinstance(k.value, str) and isinstance(v, ast.Lambda) and
+                self._lambda(v, self._condition) for k, v in zip(values[0].keys, values[0].values))
+        positional = dict(zip(("configs", "key"), call.args))
+        return len(call.args) <= 2 and not positional.keys() & keywords.keys() and all(
+            isinstance(v, (ast.List, ast.Tuple)) and all(isinstance(c, ast.Constant) and isinstance(c.value, str)
+                                                         for c in v.elts)
+            for k, v in {**positional, **keywords}.items() if k != "configs")
+
+    @staticmethod
+    def _literal(node) -> bool:
+        """A constant, or a list / tuple of constants."""
+        return isinstance(node, ast.Constant) or isinstance(node, (ast.List, ast.Tuple)) and \
+            all(isinstance(e, ast.Constant) for e in node.elts)
+
+    def _launches(self) -> None:
+        """jit / autotune / heuristics only as kernel decorators; triton.Config with its literal keywords; a
+        kernel's name only launched (host) or called / passed to triton.language (kernel bodies)."""
+        decorators = {id(d.func if isinstance(d, ast.Call) else d) for fn in self.kernels.values()
+                      for d in fn.decorator_list}
+        in_kernel = {id(n) for fn in self.kernels.values() for stmt in fn.body for n in ast.walk(stmt)}
+        for node in ast.walk(self.module):
+            if isinstance(node, (ast.Name, ast.Attribute)) and id(node) not in decorators and \
+                    self.resolve(node) in _KERNEL_DECORATORS:
+                self.flag("lint_launch", node, f"{self.resolve(node)} used other than as a kernel's decorator")
+            elif isinstance(node, ast.Call) and self.resolve(node.func) == "triton.Config" and \
+                    (len(node.args) > 1 or any(k.arg not in _CONFIG_KEYWORDS for k in node.keywords)):
+                self.flag("lint_launch", node, "triton.Config takes one dict and num_warps / num_stages / "
+                          "num_ctas / maxnreg (no pre_hook)")
+            elif isinstance(node, ast.Name) and node.id in self.kernels and isinstance(node.ctx, ast.Load):
+                self._kernel_use(node, id(node) in in_kernel)
+
+    def _kernel_use(self, node, in_kernel: bool) -> None:
+        parent = self.parents.get(node)
+        call = self.parents.get(parent) if isinstance(parent, ast.keyword) else parent
+        if not in_kernel and isinstance(parent, ast.Subscript) and parent.value is node and \
+                isinstance(self.parents.get(parent), ast.Call) and self.parents[parent].func is parent:
+            if not self._grid(parent.slice, self._scope(node)):
+                self.flag("lint_launch", parent.slice, f"grid {ast.unparse(parent.slice)[:80]}: a tuple, or a "
+                          "lambda over meta returning a tuple of size expressions")
+        elif not (in_kernel and isinstance(call, ast.Call) and
+                  (call.func is node or (self.resolve(call.func) or "").startswith("triton.language."))):
+            self.flag("lint_launch", node, f"kernel {node.id} used as a value (only kernel[grid](...) launches it; "
+                      "kernels may call it)")
+
+    def _scope(self, node):
+        """The innermost function, lambda or the module holding node."""
+        while not isinstance(node, (ast.FunctionDef, ast.Lambda, ast.Module)):
+            node = self.parents[node]
+        return node
+
+    def _grid(self, expr, scope) -> bool:
+        """A tuple of size expressions, a one-argument lambda returning one, or a name that its scope (else the
+        module) binds only to those."""
+        if isinstance(expr, ast.Tuple):
+            return all(self._size(e, None) for e in expr.elts)
+        if isinstance(expr, ast.Lambda):
+            return self._lambda(expr, lambda body, meta: isinstance(body, ast.Tuple) and
+                                all(self._size(e, meta) for e in body.elts))
+        if not isinstance(expr, ast.Name):
+            return False
+        if not isinstance(scope, ast.Module) and expr.id not in _local_names(scope):
+            scope = self.module
+        stores = [n for n in ast.walk(scope) if isinstance(n, ast.Name) and n.id == expr.id and
+                  isinstance(n.ctx, ast.Store) and self._scope(n) is scope]
+        values = [self.parents[n].value for n in stores if isinstance(self.parents[n], ast.Assign) and
+                  self.parents[n].targets == [n]]
+        params = {a.arg for a in ast.walk(scope.args) if isinstance(a, ast.arg)} if not isinstance(scope, ast.Module) else set()
+        return bool(values) and len(values) == len(stores) and expr.id not in params and \
+            all(isinstance(v, (ast.Tuple, ast.Lambda)) and self._grid(v, scope) for v in values)
+
+    @staticmethod
+    def _lambda(node: ast.Lambda, body_ok) -> bool:
+        a = node.args
+        return len(a.args) == 1 and not (a.posonlyargs or a.kwonlyargs or a.vararg or a.kwarg or a.defaults) and \
+            body_ok(node.body, a.args[0].arg)
+
+    def _size(self, e, meta) -> bool:
+        """An integer expression of sizes (see L6); `meta` is the lambda's argument, read only as meta["KEY"]."""
+        if isinstance(e, ast.Constant):
+            return type(e.value) in (int, bool)
+        if isinstance(e, (ast.Name, ast.Attribute)):
+            return _dotted(e) is not None and _root(_dotted(e)) != meta
+        if isinstance(e, ast.Subscript):
+            if isinstance(e.value, ast.Name) and e.value.id == meta:
+                return isinstance(e.slice, ast.Constant) and isinstance(e.slice.value, str)
+            index = e.slice.operand if isinstance(e.slice, ast.UnaryOp) and isinstance(e.slice.op, ast.USub) else e.slice
+            return self._size(e.value, meta) and isinstance(index, ast.Constant) and type(index.value) is int
+        if isinstance(e, ast.BinOp):
+            return isinstance(e.op, _SIZE_OPS) and self._size(e.left, meta) and self._size(e.right, meta)
+        if isinstance(e, ast.UnaryOp):
+            return isinstance(e.op, (ast.USub, ast.UAdd)) and self._size(e.operand, meta)
+        if not isinstance(e, ast.Call) or e.keywords:
+            return False
+        if self.resolve(e.func) in ("triton.cdiv", "triton.next_power_of_2") or \
+                isinstance(e.func, ast.Name) and e.func.id in ("min", "max"):
+            return all(self._size(a, meta) for a in e.args)
+        return isinstance(e.func, ast.Attribute) and e.func.attr in _SIZE_METHODS and \
+            _root(_dotted(e.func.value)) not in (None, meta) and \
+            all(isinstance(a, ast.Constant) and type(a.value) is int for a in e.args)
+
+    def _condition(self, e, meta) -> bool:
+        """A heuristic's value: a size expression, or comparisons of them joined by and / or / not."""
+        if isinstance(e, ast.Compare):
+            return all(self._size(x, meta) for x in [e.left, *e.comparators])
+        if isinstance(e, ast.BoolOp):
+            return all(self._condition(x, meta) for x in e.values)
+        if isinstance(e, ast.UnaryOp) and isinstance(e.op, ast.Not):
+            return self._condition(e.operand, meta)
+        return self._size(e, meta)
+
+    # ---- L8 the task's rules: a model, launched kernels, no torch compute ----
+    def _structure(self) -> None:
+        funcs = self.funcs
+        classes = {name: {m.name: m for m in c.body if isinstance(m, ast.FunctionDef)}
+                   for name, c in self.classes.items()}
+        kernels = set(self.kernels)
         for name in kernels:
-            self._kernel_globals(funcs[name], tree, kernels)
+            self._kernel_globals(funcs[name], kernels)
         model = classes.get("ModelNew", {})
         if "forward" not in model:
-            self.flag("lint_no_model", tree, "no class ModelNew with a forward method")
+            self.flag("lint_no_model", self.module, "no class ModelNew with a forward method")
             return
         if not kernels:
-            self.flag("lint_no_kernel", tree, "no @triton.jit kernel")
+            self.flag("lint_no_kernel", self.module, "no @triton.jit kernel")
             return
         reachable = self._reachable(funcs, classes, kernels)
         launched = {node.func.value.id for fn in reachable.values() for node in ast.walk(fn)
@@ -282,15 +777,15 @@ class _Linter(ast.NodeVisitor):
         exempt = {id(n) for fn in [model.get("__init__"), *(funcs[k] for k in kernels)] if fn
                   for stmt in fn.body for n in ast.walk(stmt)}
         submodules = {f"self.{s}" for s in self._submodules(model.get("__init__"))}
-        for node in ast.walk(tree):
+        for node in ast.walk(self.module):
             self._torch_ops(node, submodules, strict=id(node) not in exempt)
 
-    def _kernel_globals(self, kernel, tree: ast.Module, kernels: set) -> None:
+    def _kernel_globals(self, kernel, kernels: set) -> None:
         """A kernel body may read only its own names, imports, other kernels and `X = tl.constexpr(...)`
         globals: what the GPU compiler accepts. Anything else (a dict of tensors, a helper function) only works
         under the interpreter, where it runs as plain Python."""
         constexpr, module_names = set(), set()
-        for node in tree.body:
+        for node in self.module.body:
             for target in _assigned(node):
                 module_names.add(target)
                 if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
@@ -389,7 +884,7 @@ def _assigned(stmt) -> list:
 def _encoding_problem(code: str) -> str | None:
     """Why the bytes the sandbox writes would not decode back to exactly this text, else None: a coding
     declaration other than utf-8 (Python, and Triton reading kernel source, would run another program than
-    the one linted) or characters utf-8 cannot encode (lone surrogates)."""
+    the one linted), characters utf-8 cannot encode (lone surrogates), or a carriage return."""
     try:
         data = code.encode("utf-8")
         encoding = tokenize.detect_encoding(io.BytesIO(data).readline)[0]
@@ -397,6 +892,8 @@ def _encoding_problem(code: str) -> str | None:
         return f"{type(e).__name__}: {str(e)[:200]}"
     if codecs.lookup(encoding).name not in ("utf-8", "utf-8-sig"):
         return f"coding declaration {encoding!r}: only utf-8 source is run"
+    if "\r" in code:
+        return "a carriage return (Python and line readers would split the lines differently)"
     return None
 
 
@@ -406,29 +903,29 @@ def lint(code: str) -> tuple:
     if problem:
         return "lint_encoding", problem
     try:
-        problems = dict(reversed(_Linter(ast.parse(code)).problems))      # first problem of each reason wins
-    except (SyntaxError, ValueError, RecursionError, MemoryError) as e:   # ValueError: NUL bytes; the others:
-        return "syntax_error", f"{type(e).__name__}: {str(e)[:500]}"      # absurdly deep nesting
+        problems = dict(reversed(_Linter(code, ast.parse(code)).problems))      # first problem of each reason wins
+    except (SyntaxError, ValueError, RecursionError, MemoryError, tokenize.TokenError) as e:   # ValueError: NUL
+        return "syntax_error", f"{type(e).__name__}: {str(e)[:500]}"      # bytes; Recursion/Memory: deep nesting
     for reason in _LINT_ORDER:
         if reason in problems:
             return reason, problems[reason]
     return None, ""
-
 
 def _device() -> str:
     import torch
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _sandbox(files: dict, job: dict, timeout_s: float, out: str, stdin: bytes = b""):
-    """Run the harness for `job` with `files` in its scratch dir. Returns (SandboxResult, bytes of `out` or None)."""
+def _sandbox(files: dict, job: dict, timeout_s: float, out: str, stdin: bytes = b"", fsize_mb: int = 64):
+    """Run the harness for `job` with `files` in its scratch dir, files it writes (and `out` read back here) at
+    most fsize_mb MiB. Returns (SandboxResult, bytes of `out` or None)."""
     with open(_HARNESS_PATH) as f:
         harness = f.read()
     device = job["device"]
     env = {"TRITON_INTERPRET": "1"} if device == "cpu" else \
         {k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES",) if k in os.environ}
     res = run_python(_SCRIPT, {**files, "triton_harness.py": harness, "job.json": json.dumps(job)}, stdin=stdin,
-                     timeout_s=timeout_s, env=env, gpu=device == "cuda", read_back=(out,))
+                     timeout_s=timeout_s, env=env, gpu=device == "cuda", read_back=(out,), fsize_mb=fsize_mb)
     return res, res.files.get(out)
 
 
@@ -473,30 +970,68 @@ def _as_bytes_tensor(value):
 
 _HARNESS_ERRORS = frozenset({"compile_error", "oom", "runtime_error", "early_exit"})
 _META_KEYS = frozenset({"error", "detail", "n_out", "launches", "violations", "ms"})
-_MAX_HEADER = 1 << 20          # bytes of safetensors header (tensor index + metadata) accepted
+_MAX_HEADER = 1 << 18          # bytes of safetensors header: a few dozen tensor entries and meta (<= 80 KB)
+_MAX_OUTPUTS = 64              # outputs per case the header may list (the reference's count is checked later)
+_MIN_RESULT_MB = 16            # files the candidate writes: its result, and Triton's cache on CUDA
+_ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+             "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
 
 
 class Malformed(ValueError):
     """A result file that is not what the harness writes: forged, truncated or from a crashed run."""
 
 
-def _int_list(value, n: int, name: str) -> list:
-    if not (type(value) is list and len(value) == n and all(type(v) is int and 0 <= v < 1 << 31 for v in value)):
-        raise Malformed(f"{name} is not a list of {n} small ints")
+def _int_list(value, n: int, name: str, top: int = 1 << 31) -> list:
+    if not (type(value) is list and len(value) == n and all(type(v) is int and 0 <= v < top for v in value)):
+        raise Malformed(f"{name} is not a list of {n} ints below {top}")
     return value
+
+
+def _result_mb(cases: list) -> int:
+    """MiB the candidate may write: the result file of tensors shaped as the reference's, with its header."""
+    size = _MAX_HEADER + sum(t.numel() * t.element_size() for c in cases for t in [*c["outputs"], *c["inputs"]]
+                             if _is_tensor(t))
+    return max(_MIN_RESULT_MB, -(-size // (1 << 20)) + 1)
+
+
+def _check_layout(header: dict, names: set, data_size: int) -> None:
+    """Raises Malformed unless the header lists exactly `names`, each with a known dtype, a shape of at most 8
+    dims and a byte range of exactly its size, the ranges tiling the data_size bytes after the header."""
+    if set(header) != names:
+        raise Malformed("tensor names")
+    spans = []
+    for entry in header.values():
+        if not (type(entry) is dict and set(entry) == {"dtype", "shape", "data_offsets"} and
+                entry["dtype"] in _ITEMSIZE and type(entry["shape"]) is list and len(entry["shape"]) <= 8):
+            raise Malformed("tensor entry")
+        _int_list(entry["shape"], len(entry["shape"]), "shape")
+        begin, end = _int_list(entry["data_offsets"], 2, "data_offsets", data_size + 1)
+        if end - begin != math.prod(entry["shape"]) * _ITEMSIZE[entry["dtype"]]:
+            raise Malformed("tensor size")
+        spans.append((begin, end))
+    position = 0
+    for begin, end in sorted(spans):
+        if begin != position:
+            raise Malformed("tensor data overlaps or leaves gaps")
+        position = end
+    if position != data_size:
+        raise Malformed("tensor data size")
 
 
 def _parse_result(blob: bytes, cases: list) -> dict:
     """The candidate's result.bin, validated field by field (type, allowed values, size) and with exactly the
     tensors the cases call for: {"error", "detail", "launches", "violations", "ms", "outputs": [[tensor]],
-    "after": [{input index: tensor}]}. Raises Malformed. Nothing is unpickled and nothing is str()-ed."""
+    "after": [{input index: tensor}]}. Raises Malformed. Every count and byte range is checked against the
+    reference and the file's length before anything is built from it, so a forged file costs at most a few
+    times its own (capped) size here. Nothing is unpickled and nothing is str()-ed."""
     from safetensors.torch import load as load_tensors
-    if len(blob) < 8 or int.from_bytes(blob[:8], "little") > min(_MAX_HEADER, len(blob) - 8):
+    size = int.from_bytes(blob[:8], "little") if len(blob) >= 8 else -1
+    if not 0 < size <= min(_MAX_HEADER, len(blob) - 8):
         raise Malformed("no safetensors header")
     try:
-        header = json.loads(blob[8:8 + int.from_bytes(blob[:8], "little")])
-        meta = json.loads(header["__metadata__"]["meta"])
-    except (ValueError, TypeError, KeyError, RecursionError) as e:
+        header = json.loads(blob[8:8 + size])
+        meta = json.loads(header.pop("__metadata__")["meta"])
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
         raise Malformed(f"header: {type(e).__name__}") from None
     if type(meta) is not dict or set(meta) != _META_KEYS:
         raise Malformed("meta fields")
@@ -506,21 +1041,21 @@ def _parse_result(blob: bytes, cases: list) -> dict:
     if error is not None:
         return {"error": error, "detail": detail[:2000]}
     n = len(cases)
-    n_out, launches = _int_list(meta["n_out"], n, "n_out"), _int_list(meta["launches"], n, "launches")
+    n_out = _int_list(meta["n_out"], n, "n_out", _MAX_OUTPUTS + 1)
+    launches = _int_list(meta["launches"], n, "launches")
     violations, ms = meta["violations"], meta["ms"]
     if not (type(violations) is list and len(violations) <= 256 and
             all(type(v) is str and len(v) <= 300 for v in violations)):
         raise Malformed("violations")
     if not (ms is None or type(ms) is float and math.isfinite(ms) and 0 < ms < 1e7):
         raise Malformed("ms")
-    expected = {f"out.{k}.{i}" for k in range(n) for i in range(n_out[k])} | \
-        {f"after.{k}.{i}" for k, c in enumerate(cases) for i, x in enumerate(c["inputs"]) if _is_tensor(x)}
+    _check_layout(header, {f"out.{k}.{i}" for k in range(n) for i in range(n_out[k])} |
+                  {f"after.{k}.{i}" for k, c in enumerate(cases) for i, x in enumerate(c["inputs"]) if _is_tensor(x)},
+                  len(blob) - 8 - size)
     try:
         tensors = load_tensors(blob)
     except Exception as e:      # the library's own checks of offsets, dtypes and sizes
         raise Malformed(f"tensors: {type(e).__name__}") from None
-    if set(tensors) != expected:
-        raise Malformed("tensor names")
     return {"error": None, "detail": "", "launches": launches, "violations": violations, "ms": ms,
             "outputs": [[tensors[f"out.{k}.{i}"] for i in range(n_out[k])] for k in range(n)],
             "after": [{i: tensors[f"after.{k}.{i}"] for i, x in enumerate(c["inputs"]) if _is_tensor(x)}
@@ -538,7 +1073,8 @@ def _compare(cases: list, result: dict) -> tuple:
     if result["error"]:
         return result["error"], result["detail"], None
     if result["violations"]:
-        return "lint_torch_op", f"runtime: {result['violations'][:5]}", None
+        launch = any(v.startswith("launch:") for v in result["violations"])
+        return "lint_launch" if launch else "lint_torch_op", f"runtime: {result['violations'][:5]}", None
     if min(result["launches"]) < 1:
         return "lint_kernel_not_launched", "runtime: a forward call launched no Triton kernel", None
     max_err = 0.0
@@ -572,7 +1108,8 @@ def execute(code: str, task: dict, timeout_s: float = 60.0) -> tuple:
     if problem:
         return 0.0, {"reason": "reference_error", "detail": problem}
     job = {"role": "candidate", "device": device, "time": device == "cuda"}
-    res, blob = _sandbox({"candidate.py": code}, job, timeout_s, "result.bin", stdin=ref["stdin"])
+    res, blob = _sandbox({"candidate.py": code}, job, timeout_s, "result.bin", stdin=ref["stdin"],
+                         fsize_mb=_result_mb(ref["cases"]))
     info = {"not_enforced": list(res.not_enforced)}
     if res.status in ("timeout", "sandbox_error", "oom"):
         return 0.0, {**info, "reason": res.status, "detail": res.stderr[-500:]}
