@@ -302,6 +302,7 @@ def rl_step(run: Run, step: int) -> dict:
     run.engine.sleep()  # 3. the engine gives the accelerator back to training
     with t("reward"):  # 4. one reward per sample, (B,) in group order (a group filter scored them already)
         rewards, reasons = score_groups(run, groups)
+    stop_if_rewards_failed(run, groups)
     trajs = [tr for g in groups for tr in g.samples]
     with t("rank_wait"):  # the ranks meet: the time this rank waits for the slowest one's rollout and reward
         dist.barrier()
@@ -353,6 +354,21 @@ def score_groups(run: Run, groups, eg: EngineGroup | None = None) -> tuple[torch
         for _, info in g.scores:
             reasons[info["reason"]] = reasons.get(info["reason"], 0) + 1
     return torch.tensor([sc for g in groups for sc, _ in g.scores], dtype=torch.float32), reasons
+
+
+REWARD_FAILURES = ("error", "reward_error", "bad_answer")  # the scorer itself failed, or the row's answer is unusable
+
+
+def stop_if_rewards_failed(run: Run, groups) -> None:
+    """A step in which every sample's reward failed (on every rank) is a data or code bug, not a score: stop with the
+    first failure and its data row rather than train on all-zero rewards."""
+    failed = [(g.row, info) for g in groups for _, info in g.scores if info["reason"] in REWARD_FAILURES]
+    n_failed, n = all_sum([len(failed), sum(len(g.scores) for g in groups)], run.device)
+    if n and n_failed == n:
+        row, info = failed[0] if failed else ({}, {})
+        raise TrainingError(f"every reward of this step failed ({int(n)} samples), e.g. {row.get('_where', '?')} "
+                            f"(task {row.get('task')}): {info.get('reason')}: {info.get('error') or info.get('detail')}"
+                            f"; check the rows' answers or tests and the task's scorer (rewards/tasks.py)")
 
 
 def informative_group(run: Run, group) -> bool:

@@ -1,7 +1,8 @@
 """Math answer reward: the last \\boxed{...} (or \\fbox{...}, \\boxed 5) of the completion, checked with math-verify.
 
 score, info = math_reward(completion, answer)   # score in {0.0, 1.0}
-info["reason"]: ok | wrong | no_answer | too_long | timeout | error
+info["reason"]: ok | wrong | no_answer | too_long | timeout | error | bad_answer
+(bad_answer: the row's gold answer does not parse, a data problem; `answer` may be a number, as in GSM8K-style rows)
 
 Hostile text is cheap to reject: only the last \\boxed{} is extracted (a linear scan, bounded by
 MAX_ANSWER_CHARS and MAX_DEPTH), so a huge or deeply nested completion returns promptly; the parse
@@ -67,15 +68,18 @@ def gold(answer: str, timeout) -> list:
     return parse(f"${answer}$", _CONFIG, parsing_timeout=timeout, raise_on_error=True)
 
 
-def math_reward(completion: str, answer: str) -> tuple[float, dict]:
+def math_reward(completion: str, answer: str | int | float) -> tuple[float, dict]:
     """1.0 if the last boxed answer equals `answer` (math-verify: fractions, decimals, radicals...)."""
+    answer = str(answer)
     pred, reason = last_boxed(completion)
     if pred is None:
         return 0.0, {"reason": reason}
     timeout = TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
     try:
         gold_expr = gold(answer, timeout)
-        if gold_expr and pred.strip() == answer.strip():  # the gold answer's own text: no second parse needed
+        if not gold_expr:
+            return 0.0, {"reason": "bad_answer", "pred": pred, "error": f"the row's answer {answer[:80]!r} does not parse"}
+        if pred.strip() == answer.strip():  # the gold answer's own text: no second parse needed
             return 1.0, {"reason": "ok", "pred": pred}
         pred_expr = parse(f"${pred}$", _CONFIG, parsing_timeout=timeout, raise_on_error=True)
         ok = bool(pred_expr) and verify(list(gold_expr), pred_expr, timeout_seconds=timeout, raise_on_error=True)

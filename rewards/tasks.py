@@ -37,7 +37,9 @@ def score_char_share(row: dict, completion: str) -> tuple[float, dict]:
 
 
 def check_math(row: dict) -> str | None:
-    return None if isinstance(row["answer"], (str, int, float)) else "'answer' must be a string or a number"
+    a = row["answer"]
+    ok = (isinstance(a, str) and a.strip()) or (isinstance(a, (int, float)) and not isinstance(a, bool) and a == a)
+    return None if ok else "'answer' must be a non-empty string or a number"
 
 
 def check_code(row: dict) -> str | None:

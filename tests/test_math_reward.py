@@ -84,3 +84,40 @@ def test_pool_scores_timeouts_and_crashes_zero_and_counts_them():
         assert pool.score([(row, "\\boxed{4}")])[0][0] == 1.0  # replaced workers keep serving
     finally:
         pool.close()
+
+
+def test_numeric_answers_from_a_data_file_score(tmp_path):
+    """GSM8K-style rows carry numbers: `"answer": 42` loads and scores like "42" (it used to raise inside the scorer
+    and score 0 with reason error for every completion); close numbers are not equal (no rounding)."""
+    import json
+    from data.rows import load_rows
+    from rewards.tasks import score_row
+    path = tmp_path / "gsm.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in (
+        {"prompt": "6*7?", "answer": 42}, {"prompt": "1.23?", "answer": 1.23}, {"prompt": "-3?", "answer": -3})))
+    rows = load_rows(str(path), "rl")
+    assert [score_row(r, f"so \\boxed{{{t}}}")[0] for r, t in zip(rows, ("42", "1.23", "-3"))] == [1.0, 1.0, 1.0]
+    assert score_row(rows[0], "\\boxed{41}") == (0.0, {"reason": "wrong", "pred": "41"})
+    for near in ("1.2", "1.230001", "1.22"):
+        assert score_row(rows[1], f"\\boxed{{{near}}}")[0] == 0.0, near
+    assert math_reward("\\boxed{0.5}", 0.5)[0] == 1.0 and math_reward("\\boxed{1/2}", 0.5)[0] == 1.0
+
+
+@pytest.mark.parametrize("answer", [True, "", "  ", float("nan"), None, [1]])
+def test_answers_that_cannot_be_scored_are_refused_at_load(answer):
+    from rewards.tasks import check_math
+    assert check_math({"answer": answer}) == "'answer' must be a non-empty string or a number"
+
+
+def test_a_step_whose_rewards_all_fail_stops_the_run(world_of_one):
+    """Every sample's reward failed: a data or code bug, which the run reports (file:row, reason) instead of training
+    on all-zero rewards; one success in the step is enough to go on."""
+    import torch
+    import trainer
+    from rollout.copris import Group
+    run = trainer.Run(trainer.Config(), 0, 1, torch.device("cpu"), None, None)
+    row = {"_where": "gsm.jsonl:7", "task": "math"}
+    failing = [Group(0, row, [], scores=[(0.0, {"reason": "error", "error": "AttributeError: 'int' object"})] * 4)]
+    with pytest.raises(trainer.TrainingError, match="gsm.jsonl:7 .*error: AttributeError"):
+        trainer.stop_if_rewards_failed(run, failing)
+    trainer.stop_if_rewards_failed(run, failing + [Group(1, row, [], scores=[(0.0, {"reason": "wrong"})])])
