@@ -1,6 +1,9 @@
 # Quick start: `make demo` (the CPU demo: SFT warm-up then GRPO with 2 ranks), `make test`.
 PY      := .venv/bin/python
 DEMO    := runs/demo
+# Ranks for the demo: 2 on a CPU machine or with 2+ GPUs, 1 with a single GPU (one rank per GPU). Override:
+# make demo NPROC=1
+NPROC   ?= $(shell n=$$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); [ "$$n" = 1 ] && echo 1 || echo 2)
 
 .PHONY: install sandbox demo test test-slow test-all mutants bench bench-step clean
 
@@ -37,8 +40,8 @@ sandbox:
 demo: install
 	$(PY) -m data.arithmetic --out $(DEMO)/data --train 20000 --sft 40000 --eval 1000
 	$(PY) -m data.tiny_model --corpus $(DEMO)/data/sft.jsonl --out $(DEMO)/model
-	$(PY) trainer.py --nproc_per_node 2 --config configs/demo_sft.yaml --overwrite=true
-	$(PY) trainer.py --nproc_per_node 2 --config configs/demo.yaml --overwrite=true
+	$(PY) trainer.py --nproc_per_node $(NPROC) --config configs/demo_sft.yaml --overwrite=true
+	$(PY) trainer.py --nproc_per_node $(NPROC) --config configs/demo.yaml --overwrite=true
 
 # The quick loop (about 6 min): every test but those marked slow. test-slow: the slow ones (about 13 min: resume of
 # PRIME/LoRA/TP runs, signals, end to end, LoRA, every shipped Triton solution). CI runs both; test-all: one go.

@@ -185,6 +185,8 @@ def validate(cfg, world: int) -> None:
     for key in ("n_samples", "batch_groups", "max_prompt_len", "max_response_len", "token_budget", "mini_batches"):
         if getattr(cfg, key) < 1:
             raise ConfigError(f"{key} must be >= 1, got {getattr(cfg, key)}")
+    if not cfg.dist_timeout_s > 0:
+        raise ConfigError(f"dist_timeout_s must be > 0 seconds, got {cfg.dist_timeout_s}")
     t = cfg.engine.tensor_parallel_size
     if t < 1 or world % t:
         raise ConfigError(f"engine.tensor_parallel_size={t} does not divide the {world} ranks (they form world / t "

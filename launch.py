@@ -23,11 +23,12 @@ import signal
 import sys
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 import yaml
 
 from config import ConfigError
-from model import all_max
+from model import all_max, too_many_ranks
 
 
 def read_manifest(path: Path) -> dict:
@@ -73,21 +74,46 @@ def check_run_dir(cfg, world: int) -> None:
 
 
 def start_run_dir(cfg, rank: int) -> Path | None:
-    """Rank 0 prepares run_dir (overwrite clears it; a resume drops metric lines after its checkpoint) and writes
-    config.yaml; -> the checkpoint to resume from, if any."""
+    """Rank 0 prepares run_dir (overwrite clears it; a resume sets aside what lies after its checkpoint: set_aside)
+    and writes config.yaml; -> the checkpoint to resume from, if any."""
     run_dir, ckpt = Path(cfg.run_dir), resume_point(cfg)
     if rank == 0:
         if cfg.overwrite and cfg.resume == "off":
             shutil.rmtree(run_dir, ignore_errors=True)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
-        metrics = run_dir / "metrics.jsonl"
-        if metrics.exists():  # lines after the checkpoint's step will be produced again
-            step = read_manifest(ckpt)["step"] if ckpt else 0
-            keep = [line for line in metrics.read_text().splitlines() if line and json.loads(line)["step"] <= step]
-            metrics.write_text("".join(line + "\n" for line in keep))
+        if ckpt is not None:
+            set_aside(run_dir, read_manifest(ckpt)["step"])
     dist.barrier()
     return ckpt
+
+
+def set_aside(run_dir: Path, step: int) -> None:
+    """Resuming at `step` in run_dir: metric lines after it and checkpoints newer than it (and then the export) would
+    be overwritten or pruned by the resumed run. Move them to run_dir/before-resume-<n>/ (metrics.jsonl whole, as it
+    was) and say what moved; metrics.jsonl keeps its lines up to `step`."""
+    metrics = run_dir / "metrics.jsonl"
+    lines = [line for line in metrics.read_text().splitlines() if line] if metrics.exists() else []
+    keep = [line for line in lines if json.loads(line)["step"] <= step]
+    newer = [c for c in complete_checkpoints(run_dir / "checkpoints") if int(c.name[5:]) > step]
+    if len(keep) == len(lines) and not newer:
+        return
+    n = 1
+    while (run_dir / f"before-resume-{n}").exists():
+        n += 1
+    aside = run_dir / f"before-resume-{n}"
+    (aside / "checkpoints").mkdir(parents=True)
+    moved = [f"{len(lines) - len(keep)} metric lines after step {step}"] if len(keep) < len(lines) else []
+    if len(keep) < len(lines):
+        shutil.copy2(metrics, aside / "metrics.jsonl")
+        metrics.write_text("".join(line + "\n" for line in keep))
+    for c in newer:
+        c.rename(aside / "checkpoints" / c.name)
+    if newer and (run_dir / "export").exists():
+        (run_dir / "export").rename(aside / "export")
+        moved.append("export/")
+    moved += [f"checkpoints/{c.name}" for c in newer]
+    print(f"resuming at step {step}: moved {', '.join(moved)} to {aside} (nothing deleted)")
 
 
 class StopSignal:
@@ -163,6 +189,9 @@ def run(argv: list[str], preflight) -> int:
         nproc, nnodes = int(flags.get("nproc_per_node", "")), int(flags.get("nnodes", "1"))
     except ValueError:
         print(f"config error: --nproc_per_node and --nnodes take integers, got {flags}", file=sys.stderr)
+        return 2
+    if torch.cuda.is_available() and nproc > torch.cuda.device_count():
+        print(f"config error: {too_many_ranks(nproc, torch.cuda.device_count())}", file=sys.stderr)
         return 2
     try:
         preflight(rest, nproc * nnodes)

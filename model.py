@@ -9,6 +9,7 @@ tokens, inside FSDP's forward.
 """
 import contextlib
 import copy
+import datetime
 import functools
 import hashlib
 import importlib.util
@@ -38,23 +39,34 @@ from config import ConfigError
 from kernels import linear_token_logprobs
 from kernels.packed_attention import PACKED, packed_kwargs
 
-def init_distributed() -> tuple[int, int, torch.device]:
-    """Process group from torchrun's env (a 1-rank group when run as plain python)."""
+def init_distributed(timeout_s: float = 3600.0) -> tuple[int, int, torch.device]:
+    """Process group from torchrun's env (a 1-rank group when run as plain python). timeout_s: how long a collective
+    waits for the other ranks before the run fails (NCCL's watchdog; gloo), the same on both backends. More ranks
+    per node than visible GPUs is a ConfigError on every rank."""
     if "RANK" not in os.environ:  # plain `python trainer.py`: a world of one, same code path
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    timeout = datetime.timedelta(seconds=timeout_s)
     if torch.cuda.is_available():
+        local, gpus = int(os.environ.get("LOCAL_WORLD_SIZE", "1")), torch.cuda.device_count()
+        if local > gpus:
+            raise ConfigError(too_many_ranks(local, gpus))
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device)
+        dist.init_process_group("nccl", device_id=device, timeout=timeout)
     else:
         device = torch.device("cpu")
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", timeout=timeout)
     return dist.get_rank(), dist.get_world_size(), device
+
+
+def too_many_ranks(nproc: int, gpus: int) -> str:
+    return (f"{nproc} ranks per node but {gpus} GPU(s) visible: one rank per GPU; use --nproc_per_node={gpus} (and "
+            f"batch_groups divisible by the new world size), or make more GPUs visible (CUDA_VISIBLE_DEVICES)")
 
 
 # Tensor collectives go through these helpers only, each given the run's device and reducing there: NCCL has no CPU

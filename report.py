@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 from config import ConfigError
 
 LOG_NAME = "train.log"
@@ -89,6 +91,27 @@ class Timer:
         t0 = time.perf_counter()
         yield
         self.s[name] = self.s.get(name, 0.0) + time.perf_counter() - t0
+
+
+class MemoryPeaks:
+    """CUDA memory per phase of one RL step, in GiB of torch's allocator (metrics gpu_mem/<name>_gb): peak(name) is the
+    peak since the last call (or since the step began), now(name) what is allocated now. Size a run from the
+    training phase's peak and the engine's: a run-long maximum mixes them. Off the GPU it records nothing."""
+
+    def __init__(self, device):
+        self.on, self.metrics = device.type == "cuda", {}
+        if self.on:
+            torch.cuda.reset_peak_memory_stats()
+
+    def peak(self, name: str) -> None:
+        if self.on:
+            self.metrics[f"gpu_mem/{name}_gb"] = torch.cuda.max_memory_allocated() / 2**30
+            torch.cuda.reset_peak_memory_stats()
+
+    def now(self, name: str) -> None:
+        if self.on:
+            self.metrics[f"gpu_mem/{name}_gb"] = torch.cuda.memory_allocated() / 2**30
+            torch.cuda.reset_peak_memory_stats()
 
 
 def log_metrics(run_dir: Path, sinks: list, metrics: dict) -> None:

@@ -150,6 +150,8 @@ class Config:
     keep_checkpoints: int = 2  # complete checkpoints kept (oldest deleted)
     resume: str = "off"  # off | auto (newest complete checkpoint in run_dir, if any) | path to a checkpoint
     max_skipped_updates: int = 3  # stop with an error after this many consecutive non-finite updates
+    dist_timeout_s: float = 3600.0  # a rank waiting longer than this for the others (a slow reward, a big export) fails
+    # the run; NCCL's default is 10 min, gloo's 30: RL steps with long Triton scoring need more
     tensorboard: bool = False  # also log to run_dir/tb (needs tensorboard installed)
     wandb_project: str = ""  # also log to this wandb project ("" = off; needs wandb installed)
     peak_tflops: float = 989.0  # per-GPU dense bf16 peak for MFU (H100/H200 SXM: 989)
@@ -236,7 +238,7 @@ class Run:
         sharded = {"policy": model, "optim": optim}
         if isinstance(self.advantages, Prime):
             sharded["prime"] = self.advantages.state_dict()
-        mine = {"torch_rng": torch.get_rng_state(), "py_rng": random.getstate()}
+        mine = rng_state(self.device)
         if self.eg.member == 0:
             mine.update(prompts=self.prompts and self.prompts.state_dict(),
                         scheduler=self.scheduler and self.scheduler.state_dict())
@@ -252,8 +254,7 @@ class Run:
                        options=trainable_state(self.policy))
         if isinstance(self.advantages, Prime):
             self.advantages.load_state_dict(sharded["prime"])
-        torch.set_rng_state(mine["torch_rng"])
-        random.setstate(mine["py_rng"])
+        set_rng_state(mine, self.device)
         if self.prompts:
             self.prompts.load_state_dict(mine["prompts"])
         if self.scheduler:
@@ -263,6 +264,22 @@ class Run:
         self.sft_order = shared["sft_order"]
         self.sft_gen.set_state(torch.tensor(shared["sft_gen"], dtype=torch.uint8))
         return shared["step"]
+
+
+def rng_state(device) -> dict:
+    """This rank's random generators: torch's CPU one, Python's and, on CUDA, the device's (LoRA dropout, any
+    sampling on the GPU). vLLM's own GPU sampling needs none: every request carries its seed."""
+    state = {"torch_rng": torch.get_rng_state(), "py_rng": random.getstate()}
+    if device.type == "cuda":
+        state["cuda_rng"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict, device) -> None:
+    torch.set_rng_state(state["torch_rng"])
+    random.setstate(state["py_rng"])
+    if device.type == "cuda" and "cuda_rng" in state:
+        torch.cuda.set_rng_state(state["cuda_rng"], device)
 
 
 def optimizer_step(run: Run) -> tuple[float, bool]:
@@ -292,14 +309,16 @@ def optimizer_step(run: Run) -> tuple[float, bool]:
 
 def rl_step(run: Run, step: int) -> dict:
     """One RL step, its phases in order (DESIGN.md section 2); -> this step's metrics (every rank's figures)."""
-    t = report.Timer()
+    t, mem = report.Timer(), report.MemoryPeaks(run.device)
     with t("weight_push"):  # 1. the engine samples with the current policy
         pushed = push_weights_if_stale(run)
     version = run.policy_version
     with t("rollout"):  # 2. until B/G groups are complete (and kept) on this engine; the rest waits in the buffer
         groups, rstats = run.scheduler.collect(run.engine, run.prompts.draw, version=version, keep_group=run.keep_group)
     groups = training_share(run, groups)  # B/world whole groups: the engine group's ranks train disjoint ones
+    mem.peak("rollout_peak")
     run.engine.sleep()  # 3. the engine gives the accelerator back to training
+    mem.now("asleep")
     with t("reward"):  # 4. one reward per sample, (B,) in group order (a group filter scored them already)
         rewards, reasons = score_groups(run, groups)
     stop_if_rewards_failed(run, groups)
@@ -317,8 +336,9 @@ def rl_step(run: Run, step: int) -> dict:
             r.weight = run.correct(r.old_logp, torch.tensor(tr.logprobs))
     with t("update"):  # 7. PPO over mini_batches optimizer steps; fills the old log-probs the update computed
         ustats = policy_update(run, rows)
+    mem.peak("train_peak")
     return {"step": step, "push_bytes": pushed, **step_metrics(run, version, trajs, rewards, reasons, rstats, t.s),
-            **ustats, **adv_stats, **mismatch_metrics(run, rows, trajs),
+            **ustats, **adv_stats, **mismatch_metrics(run, rows, trajs), **mem.metrics,
             **{f"time/{k}": v for k, v in t.s.items()}}  # 8. metrics
 
 
@@ -551,7 +571,6 @@ def step_metrics(run: Run, version: int, trajs, rewards, reasons: dict, rstats, 
         n_params = sum(p.numel() for p in run.policy.parameters())
         flops = n_params * (6 * tokens + 2 * (new_tokens + tokens))
         out["mfu"] = flops / (sum(seconds.values()) * run.world * run.cfg.peak_tflops * 1e12)
-        out["gpu_mem_peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
     return out
 
 
@@ -669,7 +688,7 @@ def resume_or_start(run: Run, ckpt: Path | None, step0) -> int:
 
 def setup(cfg: Config, trainable: bool = True) -> tuple[Run, Path | None]:
     """Process group, run_dir, logging, tokenizer, and (trainable) the FSDP2 policy; -> (run, checkpoint to resume)."""
-    rank, world, device = init_distributed()
+    rank, world, device = init_distributed(cfg.dist_timeout_s)
     check_run_dir(cfg, world)
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed + rank)

@@ -30,8 +30,8 @@ entropy_coef, then (kernels.token_logprobs' formula, temperature T)
     dh_c = dz_c @ weight      dweight += dz_c^T h_c      dbias += sum_c dz_c
 The loss is linear in the per-token terms and w is known before the op runs, so the gradients are complete
 when the forward returns: three GEMMs, as many as the unfused forward + backward, and O(C V) transient memory
-beyond the gradients themselves (dweight accumulates in fp32: for bf16 / fp16 the chunk operands of that GEMM
-are upcast). Backward hands them over, rescaled in place only if the upstream gradient differs from grad_scale:
+beyond the gradients themselves (dweight accumulates in fp32: on CUDA a bf16 / fp16 GEMM with fp32 accumulation
+and result, on tensor cores; on CPU the chunk operands are upcast, exact in fp32). Backward hands them over, rescaled in place only if the upstream gradient differs from grad_scale:
 pass as grad_scale the factor the caller multiplies the loss by before backward; it changes speed, never
 results. Backward can run once per forward. linear_token_logprobs cannot know its upstream gradient in the
 forward: it saves per-row lse (and ent) and its backward recomputes each chunk's logits (four GEMMs in all).
@@ -55,6 +55,8 @@ from kernels.token_logprobs import (_acc_dtype, _token_logprobs_bwd, _token_logp
 # fused-linear): 616 MB peak vs 5392 MB unfused (ratio 0.114; 519 MB of it the weight gradient), 1.26x its CPU
 # time (wall 1.03x to 1.57x with the machine's load).
 _CHUNK_LOGITS = 1 << 23
+_CHUNK_LOGITS_CUDA = 1 << 26  # CUDA: C=441 tokens at V=151936 (one program per row: 3 waves on 132 SMs, not 0.4),
+# about 400 MB of transients in bf16; not yet measured on a GPU (no GPU has been lent to this project)
 
 
 def _chunk_logits(h, weight, bias, chunk, with_scratch):
@@ -63,7 +65,7 @@ def _chunk_logits(h, weight, bias, chunk, with_scratch):
     dtype. Both live in buffers allocated once and overwritten by every chunk (no allocator churn: with fresh
     tensors per chunk glibc kept about three more (C, V) buffers resident, measured at V=151936 on CPU)."""
     N, V = h.shape[0], weight.shape[0]
-    C = max(1, min(N, chunk or _CHUNK_LOGITS // V))
+    C = max(1, min(N, chunk or (_CHUNK_LOGITS_CUDA if h.is_cuda else _CHUNK_LOGITS) // V))
     z_buf = torch.empty(C, V, device=h.device, dtype=h.dtype)
     s_buf = torch.empty(C, V, device=h.device, dtype=_acc_dtype(h)) if with_scratch else None
     for s in range(0, N, C):
@@ -90,7 +92,11 @@ class _Grads:
         """Chunk sl's logits gradient dz (C, V) -> its rows of dh, its share of dweight / dbias."""
         if self.dh is not None:
             self.dh[sl] = torch.mm(dz.to(weight.dtype), weight)  # (C, H)
-        if self.dw is not None:
+        if self.dw is None:
+            pass
+        elif self.dw.is_cuda and h_c.dtype in (torch.bfloat16, torch.float16):  # tensor cores, fp32 accumulate
+            torch.ops.aten.addmm.dtype_out(self.dw, dz.T.to(h_c.dtype), h_c, torch.float32, out=self.dw)
+        else:
             self.dw.addmm_(dz.T.to(self.dw.dtype), h_c.to(self.dw.dtype))  # (V, H) += (V, C) @ (C, H)
         if self.db is not None:
             self.db += dz.sum(0, dtype=self.db.dtype)

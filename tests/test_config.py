@@ -46,6 +46,7 @@ def test_defaults_and_overrides(base, tmp_path):
     (["--lr.x=1"], "lr has no sub-keys"),
     (["--lora.rank=1024"], "lora: rank must be in 0..512"),
     (["--lora.dropout=1"], "dropout in [0, 1)"),
+    (["--dist_timeout_s=0"], "dist_timeout_s must be > 0"),
 ])
 def test_bad_overrides_name_the_problem(base, args, needle):
     with pytest.raises(ConfigError) as e:
@@ -122,3 +123,36 @@ def test_every_preset_parses(preset):
     for k, v in config.read_yaml(str(ROOT / "configs" / preset)).items():
         config._apply(cfg, str(k), v, from_cli=False)
     assert cfg.copris.concurrency <= cfg.engine.max_num_seqs or not cfg.copris.enabled, preset
+
+
+def test_the_collective_timeout_reaches_the_process_group(monkeypatch):
+    """dist_timeout_s sets how long a rank waits at a collective, on gloo and NCCL alike (NCCL's own default, 10 min,
+    would kill a rank waiting for a long Triton scoring or a big export)."""
+    import datetime
+    import model
+    seen = {}
+    monkeypatch.setattr(model.dist, "init_process_group", lambda backend, **kw: seen.update(backend=backend, **kw))
+    monkeypatch.setattr(model.dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(model.dist, "get_world_size", lambda: 1)
+    for k, v in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                     MASTER_PORT="29999").items():  # as torchrun sets them (restored after the test)
+        monkeypatch.setenv(k, v)
+    model.init_distributed(1234.0)
+    assert seen["timeout"] == datetime.timedelta(seconds=1234) and seen["backend"] == "gloo"
+    monkeypatch.setattr(model.torch.cuda, "is_available", lambda: True)  # NCCL: same timeout, and one rank per GPU
+    monkeypatch.setattr(model.torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(model.torch.cuda, "set_device", lambda d: None)
+    model.init_distributed(99.0)
+    assert seen["timeout"] == datetime.timedelta(seconds=99) and seen["backend"] == "nccl"
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match="2 ranks per node but 1 GPU.*--nproc_per_node=1"):
+        model.init_distributed()
+
+
+def test_the_launcher_refuses_more_ranks_than_gpus(monkeypatch, capsys):
+    import launch
+    monkeypatch.setattr(launch.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(launch.torch.cuda, "device_count", lambda: 1)
+    ran = []
+    assert launch.run(["--nproc_per_node=2", "--config", "x.yaml"], lambda *a: ran.append(a)) == 2
+    assert "2 ranks per node but 1 GPU(s) visible" in capsys.readouterr().err and not ran, "refused before preflight"

@@ -61,3 +61,28 @@ def test_a_level2_sleep_makes_the_next_wake_push():
         RolloutEngine.sleep(run.engine)
         assert run.engine.holds_weights == (level == 1)
         assert trainer.push_weights_if_stale(run) == want and len(pushed) == want, f"level {level}"
+
+
+def test_memory_is_reported_per_phase(monkeypatch):
+    """gpu_mem/*: the rollout's peak, what stays allocated while the engine sleeps, the training phase's own peak;
+    each peak counts only its phase (a run-long maximum would report the engine's pool as the update's)."""
+    import torch
+    import report
+    state = {"alloc": 0, "peak": 0, "resets": 0}
+
+    def alloc(n):  # the allocator: n bytes now, the peak follows
+        state["alloc"] = n
+        state["peak"] = max(state["peak"], n)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: state.update(peak=state["alloc"]))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: state["peak"])
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: state["alloc"])
+    alloc(100 * 2**30), alloc(2 * 2**30)  # an earlier step's high water mark
+    mem = report.MemoryPeaks(torch.device("cuda", 0))
+    alloc(60 * 2**30), alloc(50 * 2**30)  # rollout: weights + KV cache
+    mem.peak("rollout_peak")
+    alloc(3 * 2**30)  # the engine sleeps
+    mem.now("asleep")
+    alloc(20 * 2**30), alloc(4 * 2**30)  # the update
+    mem.peak("train_peak")
+    assert mem.metrics == {"gpu_mem/rollout_peak_gb": 60.0, "gpu_mem/asleep_gb": 3.0, "gpu_mem/train_peak_gb": 20.0}
+    assert report.MemoryPeaks(torch.device("cpu")).metrics == {}

@@ -170,3 +170,31 @@ launch.exit_process(3)
     p = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 3 and p.stdout == "buffered, no newline" and p.stderr.endswith("err, no newline"), p
     assert (tmp_path / "hook").read_text() == "ran, group left: True"
+
+
+def test_resume_into_a_used_run_dir_sets_aside_what_it_would_overwrite(world_of_one, tmp_path, capsys):
+    """--resume=<an older checkpoint> in a run_dir that went further: the metric lines after it, the newer checkpoints
+    (the resumed run would prune or overwrite them) and the export are moved to before-resume-1/, and it says so."""
+    import json
+    import trainer
+    from launch import start_run_dir
+    for s in (2, 4):
+        (tmp_path / "checkpoints" / f"step_{s:06d}").mkdir(parents=True)
+        (tmp_path / "checkpoints" / f"step_{s:06d}" / "manifest.json").write_text(
+            json.dumps({"step": s, "world": 1, "policy_version": s}))
+    (tmp_path / "export").mkdir()
+    (tmp_path / "export" / "model.safetensors").write_text("w")
+    lines = "".join(json.dumps({"step": s, "reward": s / 10}) + "\n" for s in range(6))
+    (tmp_path / "metrics.jsonl").write_text(lines)
+    ckpt = tmp_path / "checkpoints" / "step_000002"
+    assert start_run_dir(trainer.Config(run_dir=str(tmp_path), resume=str(ckpt)), 0) == ckpt
+    aside = tmp_path / "before-resume-1"
+    assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2]
+    assert (aside / "metrics.jsonl").read_text() == lines
+    assert [c.name for c in complete_checkpoints(tmp_path / "checkpoints")] == ["step_000002"]
+    assert (aside / "checkpoints" / "step_000004" / "manifest.json").is_file()
+    assert (aside / "export" / "model.safetensors").read_text() == "w" and not (tmp_path / "export").exists()
+    said = capsys.readouterr().out
+    assert "3 metric lines after step 2" in said and "checkpoints/step_000004" in said and str(aside) in said
+    start_run_dir(trainer.Config(run_dir=str(tmp_path), resume=str(ckpt)), 0)  # nothing after step 2 now: no move
+    assert not (tmp_path / "before-resume-2").exists()

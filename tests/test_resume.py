@@ -129,3 +129,22 @@ def test_non_finite_updates_are_skipped_counted_then_stop():
     model(torch.ones(1, 3)).sum().mul(float("nan")).backward()
     with pytest.raises(TrainingError, match="3 consecutive updates had a non-finite gradient norm"):
         optimizer_step(run_)
+
+
+def test_rng_state_includes_the_gpu_generator(monkeypatch):
+    """A checkpoint holds every generator a rank draws from; on CUDA that includes the device's (LoRA dropout runs
+    there). CPU stand-in: torch.cuda's get/set are recorded."""
+    import random
+    import trainer
+    saved, restored = torch.tensor([7, 7], dtype=torch.uint8), []
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device: saved)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device: restored.append((state, device)))
+    cuda = torch.device("cuda", 0)
+    state = trainer.rng_state(cuda)
+    assert state["cuda_rng"] is saved and "cuda_rng" not in trainer.rng_state(torch.device("cpu"))
+    state = trainer.rng_state(cuda)
+    a, b = torch.rand(3), random.random()  # the draws that follow the saved state
+    torch.rand(5), random.random()
+    trainer.set_rng_state(state, cuda)
+    assert torch.equal(torch.rand(3), a) and random.random() == b
+    assert restored == [(saved, cuda)]
