@@ -443,6 +443,11 @@ class _Linter(ast.NodeVisitor):
     def visit_ClassDef(self, node):
         if self.parents.get(node) is not self.module or node.decorator_list or node.keywords:
             self.flag("lint_name", node, f"class {node.name}: classes only at module level, with bases only")
+        for base in node.bases:
+            if not (self.resolve(base) in ("torch.nn.Module", "torch.autograd.Function") or
+                    isinstance(base, ast.Name) and base.id in self.classes):
+                self.flag("lint_forbidden_call", base, f"class {node.name} derives from {ast.unparse(base)} (only "
+                          "nn.Module, torch.autograd.Function and classes of the file)")
         own = {n.id for stmt in node.body if isinstance(stmt, (ast.Assign, ast.AnnAssign)) for n in ast.walk(stmt)
                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
         for m in node.body:
@@ -658,7 +663,8 @@ class _Linter(ast.NodeVisitor):
 
     def _launches(self) -> None:
         """jit / autotune / heuristics only as kernel decorators; triton.Config with its literal keywords; a
-        kernel's name only launched (host) or called / passed to triton.language (kernel bodies)."""
+        kernel's name only launched (host) or called / passed to triton.language (kernel bodies); triton.language
+        called only in kernels, but for module-level `X = tl.constexpr(<constant>)`."""
         decorators = {id(d.func if isinstance(d, ast.Call) else d) for fn in self.kernels.values()
                       for d in fn.decorator_list}
         in_kernel = {id(n) for fn in self.kernels.values() for stmt in fn.body for n in ast.walk(stmt)}
@@ -672,6 +678,13 @@ class _Linter(ast.NodeVisitor):
                           "num_ctas / maxnreg (no pre_hook)")
             elif isinstance(node, ast.Name) and node.id in self.kernels and isinstance(node.ctx, ast.Load):
                 self._kernel_use(node, id(node) in in_kernel)
+            if isinstance(node, ast.Call) and id(node) not in in_kernel and \
+                    (self.resolve(node.func) or "").startswith("triton.language.") and not (
+                    self.resolve(node.func) == "triton.language.constexpr" and
+                    isinstance(self.parents.get(node), ast.Assign) and self.parents[node] in self.module.body and
+                    all(isinstance(a, ast.Constant) for a in node.args)):
+                self.flag("lint_launch", node, f"{ast.unparse(node.func)}(...) outside a kernel (only "
+                          "X = tl.constexpr(<constant>) at module level)")
 
     def _kernel_use(self, node, in_kernel: bool) -> None:
         parent = self.parents.get(node)
@@ -792,7 +805,7 @@ class _Linter(ast.NodeVisitor):
                         self.resolve(node.value.func) == "triton.language.constexpr":
                     constexpr.add(target)
         local = _local_names(kernel)
-        for node in ast.walk(kernel):
+        for node in (n for stmt in kernel.body for n in ast.walk(stmt)):
             if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in module_names and \
                     node.id not in local | kernels | constexpr | set(self.aliases):
                 self.flag("lint_forbidden_call", node, f"kernel {kernel.name} reads global {node.id} (only "

@@ -116,7 +116,7 @@ class ModelNew(nn.Module):
         if len(SEEN) == 3:
             self.t.save({{"outputs": [[s[1]] for s in SEEN], "inputs_after": [[s[0]] for s in SEEN],
                          "launches": [1, 1, 1], "torch_ops": [], "ms": 1e-06}}, "result.pt")
-            self.t.os._exit(0)
+            self.t.os.abort()
         return out
 """
 # the linter reads a comment; Python, decoding utf-7, runs the hidden lines (a forward in torch that forges the
@@ -241,7 +241,7 @@ ADVERSARIAL = [
     ("timer_monkeypatched", "relu",
      relu_candidate(LAUNCH, "torch.cuda.Event.elapsed_time = lambda self, end: 1e-6"), "lint_monkeypatch"),
     ("sys_exit_before_checks", "relu", relu_candidate("sys.exit(0)", "import sys"), "lint_import"),
-    ("os_exit_before_checks", "relu", relu_candidate("os._exit(0)", "import os"), "lint_import"),
+    ("os_exit_before_checks", "relu", relu_candidate("os._exit(0)", "import os"), "lint_forbidden_call"),
     ("builtin_exit_before_checks", "relu", relu_candidate("exit(0)"), "lint_forbidden_call"),
     ("infinite_loop", "relu", relu_candidate("while True:\n    pass\n" + LAUNCH), "timeout"),
     ("fork_bomb", "relu", relu_candidate("while True:\n    os.fork()", "import os"), "lint_import"),
@@ -290,12 +290,12 @@ ADVERSARIAL = [
     ("numpy_method_loaded_then_called", "relu", NUMPY_METHOD_LOADED, "lint_torch_op"),
     ("coding_declaration_utf7", "relu", UTF7_CANDIDATE, "lint_encoding"),
     ("lone_surrogate_in_code", "relu", relu_candidate(LAUNCH, "# \ud800"), "lint_encoding"),
-    ("kernel_numpy_through_handle", "relu", KERNEL_NUMPY_HANDLE, "lint_forbidden_call"),
+    ("kernel_numpy_through_handle", "relu", KERNEL_NUMPY_HANDLE, "lint_monkeypatch"),
     # ---- issue 16: the audit covers __init__ and Python scalars; inputs can't be predicted or read ----
     ("init_regenerates_inputs_caches_answer", "relu", INIT_CACHES_ANSWER, "wrong_output"),
     ("init_reads_inputs_from_caller_frame", "relu", FRAME_SPY, "lint_forbidden_call"),
     ("python_scalar_compute_in_forward", "relu", PYTHON_SCALARS, "lint_torch_op"),
-    ("import_time_error", "relu", relu_candidate(LAUNCH, "BLOCK = undefined_name"), "compile_error"),
+    ("import_time_error", "relu", relu_candidate(LAUNCH, "BLOCK = 1 // 0"), "compile_error"),
     ("bad_kernel", "relu",
      relu_candidate(LAUNCH, kernel=RELU_KERNEL.replace("tl.maximum(x, 0.0)", "tl.maximum(x, tl.arange(0, 100))")),
      "compile_error"),
@@ -344,10 +344,10 @@ def test_adversarial_scores_zero_with_reason(adversarial_results, cid, task, cod
                   "python_scalar_compute_in_forward": "aten._local_scalar_dense"}.get(cid)
     if runtime_op:
         assert info["detail"].startswith("runtime") and runtime_op in info["detail"], info
-    static = {"torch_module_as_value": "torch.nn as a value", "chain_typing_sys_modules": "typing.sys",
+    static = {"torch_module_as_value": "torch.nn as a value", "chain_typing_sys_modules": "imports typing",
               "chain_triton_knobs_importlib": "triton.knobs", "numpy_method_loaded_then_called": ".numpy",
-              "kernel_body_reads_global_dict": "reads global STASH", "coding_declaration_utf7": "utf-7",
-              "kernel_numpy_through_handle": ".handle", "init_reads_inputs_from_caller_frame": ".f_back"}.get(cid)
+              "kernel_body_reads_global_dict": "uses .copy_", "coding_declaration_utf7": "utf-7",
+              "kernel_numpy_through_handle": ".handle", "init_reads_inputs_from_caller_frame": "generators"}.get(cid)
     if static:
         assert static in info["detail"] and not info["detail"].startswith("runtime"), info
 
@@ -527,25 +527,26 @@ def test_no_isolation_fails_closed(monkeypatch):
 
 
 def test_linter_exact_paths():
-    """Allowed names are exact: a module reached through an allowed one is never allowed, whatever follows."""
-    ok = ["tl.math.exp(x)", "tl.extra.libdevice.tanh(x)", "triton.next_power_of_2(n)", "math.sqrt(2.0)",
-          "typing.Optional", "functools.reduce", "torch.cuda.is_available()", "tl.float32"]
-    bad = {"typing.sys": "lint_import", "triton.knobs.os": "lint_import", "triton.runtime.driver": "lint_import",
-           "functools.RLock": "lint_import", "math.floor.mro": "lint_import",
+    """Allowed names are exact: a module reached through an allowed one is never allowed, whatever follows; typing,
+    functools and __future__ are not importable (issue 29: they evaluate strings)."""
+    ok = ["tl.math.exp", "tl.extra.libdevice.tanh", "triton.next_power_of_2(x.numel())", "math.sqrt(2.0)",
+          "torch.cuda.is_available()", "tl.float32"]
+    bad = {"triton.knobs.os": "lint_import", "triton.runtime.driver": "lint_import", "math.floor.mro": "lint_import",
            "torch.nn.functional.torch.relu": "lint_torch_op", "torch.cuda.os": "lint_torch_op",
-           "torch.Tensor.numpy": "lint_torch_op", "T = torch": "lint_torch_op", "f(tl)": "lint_import"}
-    prelude = "import math\nimport typing\nimport functools\n"
+           "torch.Tensor.numpy": "lint_torch_op", "T = torch": "lint_torch_op", "print(tl)": "lint_import",
+           "tl.math.exp(x)": "lint_launch"}
+    prelude = "import math\n"
     for expr in ok:
         assert lint(relu_candidate(f"y = {expr}\n" + LAUNCH, prelude)) == (None, ""), expr
     for expr, reason in bad.items():
         assert lint(relu_candidate(f"{expr}\n" + LAUNCH, prelude))[0] == reason, expr
-    for imp in ["from typing import sys", "from triton import knobs", "from triton.language import core",
-                "import triton.runtime"]:
+    for imp in ["import typing", "import functools", "from __future__ import annotations", "from typing import sys",
+                "from triton import knobs", "from triton.language import core", "import triton.runtime"]:
         assert lint(relu_candidate(LAUNCH, imp))[0] == "lint_import", imp
     init = relu_candidate(LAUNCH).replace("super().__init__()", "super().__init__()\n        self.f = {}")
     assert lint(init.format("torch.nn.Linear(3, 3)")) == (None, "")
     assert lint(init.format("torch.nn.functional.torch.relu"))[0] == "lint_torch_op"
-    assert lint(init.format("x.numpy"))[0] == "lint_torch_op"          # bridges: not even in __init__
+    assert lint(init.format("torch.zeros(3).numpy"))[0] == "lint_torch_op"      # bridges: not even in __init__
 
 
 # ---- tasks, prompts, export ----
