@@ -185,6 +185,11 @@ def validate(cfg, world: int) -> None:
     for key in ("n_samples", "batch_groups", "max_prompt_len", "max_response_len", "token_budget", "mini_batches"):
         if getattr(cfg, key) < 1:
             raise ConfigError(f"{key} must be >= 1, got {getattr(cfg, key)}")
+    tools = cfg.tools
+    if tools.max_turns < 1 or tools.max_obs_tokens < 1 or tools.tool_steps < 1 or tools.workers < 1 \
+            or not tools.timeout_s > 0:
+        raise ConfigError(f"tools: max_turns, max_obs_tokens, tool_steps and workers must be >= 1 and timeout_s > 0, "
+                          f"got {tools}")
     if not cfg.dist_timeout_s > 0:
         raise ConfigError(f"dist_timeout_s must be > 0 seconds, got {cfg.dist_timeout_s}")
     t = cfg.engine.tensor_parallel_size

@@ -433,6 +433,7 @@ class Row:
     adv: torch.Tensor | None = None  # (T,) advantages
     weight: torch.Tensor | None = None  # (T,) mismatch-correction weight (0 = masked); None = 1
     fresh: torch.Tensor | None = None  # (T,) bool: sampled by the policy being updated (ratio 1 on the first pass)
+    mask: torch.Tensor | None = None  # (T,) bool: produced by the model (False: a tool's observation); None = all
 
     def __len__(self):
         return len(self.prompt_ids) + len(self.response)

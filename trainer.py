@@ -48,9 +48,10 @@ from rewards.advantages import accuracy_filter, grpo_advantages, rloo_advantages
 from rewards.pool import RewardPool
 from rewards.prime import Prime
 from rewards.sandbox import SandboxUnavailable, require_isolation
-from rewards.tasks import UNTRUSTED_TASKS
+from tasks import UNTRUSTED_TASKS, env_of
 from rollout import mismatch
 from rollout.copris import CoprisScheduler, Trajectory
+from rollout.environments import Episodes, TemplateError
 
 if typing.TYPE_CHECKING:
     from rollout.vllm_engine import RolloutEngine
@@ -98,6 +99,15 @@ class CorrectionConfig:
                   "sequence_geo_mask"] = "none"
     threshold: float = 2.0  # C: truncate at C; mask above C (sequence modes: the product of the token ratios)
     low: float = 0.5  # mask modes: below this is masked too (sequence_geo_mask: bounds near 1, e.g. 0.999 / 1.001)
+
+
+@dataclass
+class ToolsConfig:  # rows whose task names an environment run as multi-turn episodes (rollout/environments.py)
+    max_turns: int = 4  # model segments per episode; a tool call in the last one ends it (finish_reason max_turns)
+    max_obs_tokens: int = 256  # a tool's output beyond this many tokens is cut, and the model is told so
+    tool_steps: int = 1  # an answer joins its trajectory this many engine steps after the call (reproducible runs)
+    timeout_s: float = 30.0  # wall limit per tool call; over it the model reads a timeout error
+    workers: int = 2  # tool worker processes per rank
 
 
 @dataclass
@@ -163,6 +173,7 @@ class Config:
     prime: PrimeConfig = field(default_factory=PrimeConfig)
     correction: CorrectionConfig = field(default_factory=CorrectionConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
+    tools: ToolsConfig = field(default_factory=ToolsConfig)
 
 
 class TrainingError(RuntimeError):
@@ -201,6 +212,7 @@ class Run:
     engine: "RolloutEngine | None" = None
     eg: EngineGroup | None = None  # this rank's engine group (setup() builds it; None: t = 1)
     pool: RewardPool | None = None
+    episodes: Episodes | None = None  # multi-turn rows: tool calls and observations (None: every row single-turn)
     scheduler: CoprisScheduler | None = None
     prompts: PromptSource | None = None
     eval_rows: list = field(default_factory=list)
@@ -221,7 +233,8 @@ class Run:
     sinks: list = field(default_factory=list)  # rank 0: extra metric sinks (tensorboard, wandb): f(metrics)
 
     # fields state_dict() leaves out on purpose: rebuilt from the config, or derived (tests check the list)
-    STATELESS = ("cfg", "rank", "world", "device", "run_dir", "tok", "ref", "engine", "eg", "pool", "eval_rows",
+    STATELESS = ("cfg", "rank", "world", "device", "run_dir", "tok", "ref", "engine", "eg", "pool", "episodes",
+                 "eval_rows",
                  "keep_group", "push", "fill_old", "correct", "fresh", "agg", "sft_data", "engine_version", "sinks")
 
     def __post_init__(self):
@@ -328,12 +341,15 @@ def rl_step(run: Run, step: int) -> dict:
     with t("old_logprobs"):  # 5. cross-stage old log-probs of the trained and the buffered trajectories
         run.fill_old(run, trajs, [tr for g in run.scheduler.buffer for tr in g.samples])
     rows = [Row(tr.prompt_ids, tr.tokens, old_logprobs_of(tr),
-                fresh=torch.tensor(tr.versions, dtype=torch.long) == version if run.fresh else None) for tr in trajs]
+                fresh=torch.tensor(tr.versions, dtype=torch.long) == version if run.fresh else None,
+                mask=torch.tensor(tr.model_mask()) if tr.obs_spans else None) for tr in trajs]
     with t("advantages"):  # 6. advantages per token (GRPO / RLOO broadcast a sample's; PRIME steps its PRM first)
         adv_stats = run.advantages(rows, rewards)
-    if run.correct:  # rollout-training mismatch correction weights (TIS / MIS), detached
+    if run.correct:  # rollout-training mismatch correction weights (TIS / MIS) of the model's tokens, detached
         for r, tr in zip(rows, trajs):
-            r.weight = run.correct(r.old_logp, torch.tensor(tr.logprobs))
+            m = model_tokens(r)
+            r.weight = torch.zeros(len(r.response)).index_put_((m,), run.correct(r.old_logp[m],
+                                                                                  torch.tensor(tr.logprobs)[m]))
     with t("update"):  # 7. PPO over mini_batches optimizer steps; fills the old log-probs the update computed
         ustats = policy_update(run, rows)
     mem.peak("train_peak")
@@ -361,12 +377,23 @@ def training_share(run: Run, groups: list) -> list:
     return groups[run.eg.member * k:(run.eg.member + 1) * k]
 
 
+def model_tokens(r: Row) -> torch.Tensor:
+    """(T,) bool: the row's tokens the model produced (observations are context: no loss, KL or mismatch figure)."""
+    return torch.ones(len(r.response), dtype=torch.bool) if r.mask is None else r.mask
+
+
+def model_text(tok, tr: Trajectory) -> str:
+    """What the model wrote: its segments decoded one by one and joined by newlines (observations left out, so a
+    tool's output cannot earn the reward)."""
+    bounds = [0, *[x for span in tr.obs_spans for x in span], len(tr.tokens)]
+    return "\n".join(tok.decode(tr.tokens[a:b], skip_special_tokens=True) for a, b in zip(bounds[::2], bounds[1::2]))
+
+
 def score_groups(run: Run, groups, eg: EngineGroup | None = None) -> tuple[torch.Tensor, dict]:
     """Score every sample not yet scored (one pool call); -> rewards (B,) in group order, reason counts. eg: groups
     the engine group's ranks all hold (in collect): each scores 1/t of the samples, all-gathered (scored once)."""
     todo = [g for g in groups if g.scores is None]
-    flat = shared_map([(g.row, run.tok.decode(t.tokens, skip_special_tokens=True)) for g in todo for t in g.samples],
-                      run.pool.score, eg)
+    flat = shared_map([(g.row, model_text(run.tok, t)) for g in todo for t in g.samples], run.pool.score, eg)
     for i, g in enumerate(todo):
         g.scores = flat[i * len(g.samples):(i + 1) * len(g.samples)]
     reasons: dict[str, int] = {}
@@ -388,7 +415,7 @@ def stop_if_rewards_failed(run: Run, groups) -> None:
         row, info = failed[0] if failed else ({}, {})
         raise TrainingError(f"every reward of this step failed ({int(n)} samples), e.g. {row.get('_where', '?')} "
                             f"(task {row.get('task')}): {info.get('reason')}: {info.get('error') or info.get('detail')}"
-                            f"; check the rows' answers or tests and the task's scorer (rewards/tasks.py)")
+                            f"; check the rows' answers or tests and the task's scorer (tasks.py)")
 
 
 def informative_group(run: Run, group) -> bool:
@@ -487,7 +514,8 @@ def loss_weights(run: Run, rows: list[Row]) -> list[torch.Tensor]:
     """Per row (T_i,) the weight of each token in the loss: loss_agg's aggregation weight over the kept tokens of
     every rank (kernels.ppo_loss.token_weights with global denominators) times the mismatch-correction weight; a
     masked token (weight 0) leaves numerator and denominator. Times world: FSDP averages gradients over ranks."""
-    corr = [torch.ones(len(r.response)) if r.weight is None else r.weight for r in rows]  # (T_i,) each
+    corr = [(torch.ones(len(r.response)) if r.weight is None else r.weight) * model_tokens(r)
+            for r in rows]  # (T_i,) each: 0 at observation tokens
     if not rows:
         return []
     kept = torch.cat(corr) > 0  # (N,)
@@ -571,14 +599,36 @@ def step_metrics(run: Run, version: int, trajs, rewards, reasons: dict, rstats, 
         n_params = sum(p.numel() for p in run.policy.parameters())
         flops = n_params * (6 * tokens + 2 * (new_tokens + tokens))
         out["mfu"] = flops / (sum(seconds.values()) * run.world * run.cfg.peak_tflops * 1e12)
-    return out
+    return {**out, **(tool_metrics(run, trajs, rstats) if run.episodes else {})}
+
+
+TOOL_REASONS = ("ok", "malformed", "unknown_tool", "tool_error", "timeout", "crash", "truncated", "no_sandbox")
+
+
+def tool_metrics(run: Run, trajs, rstats) -> dict:
+    """Multi-turn figures of the step, over ranks: turns per trained trajectory (mean, max), the share that called a
+    tool, the share of their tokens that are observations, episodes ended by max_turns; tool calls answered during
+    the rollout by outcome, and the seconds the rollout waited on a tool."""
+    t = run.eg.size
+    turns = [tr.calls + (tr.finish_reason != "max_turns") for tr in trajs]
+    obs = sum(b - a for tr in trajs for a, b in tr.obs_spans)
+    sums = all_sum([sum(turns), len(turns), sum(tr.calls > 0 for tr in trajs), obs, sum(len(tr.tokens) for tr in trajs),
+                    sum(tr.finish_reason == "max_turns" for tr in trajs), rstats.tool_wait_s / t,
+                    *[rstats.tool_reasons.get(k, 0) / t for k in TOOL_REASONS]], run.device)
+    n = max(sums[1], 1.0)
+    return {"tools/turns_mean": sums[0] / n, "tools/turns_max": all_max(max(turns, default=0), run.device),
+            "tools/call_rate": sums[2] / n, "tools/obs_token_frac": sums[3] / max(sums[4], 1.0),
+            "tools/max_turns_frac": sums[5] / n, "tools/wait_s": sums[6],
+            **{f"tools/{k}": v for k, v in zip(TOOL_REASONS, sums[7:])}}
 
 
 def mismatch_metrics(run: Run, rows: list[Row], trajs) -> dict:
-    """rollout/mismatch.py figures over the step's trained tokens of every rank (old vs the engine's log-probs)."""
-    old = [r.old_logp for r in rows]
-    roll = [torch.tensor(tr.logprobs) for tr in trajs]
-    local = mismatch.token_sums(old, roll, [r.weight for r in rows])
+    """rollout/mismatch.py figures over the step's trained model tokens of every rank (old vs the engine's
+    log-probs; observation tokens have no sampling log-prob and are left out)."""
+    masks = [model_tokens(r) for r in rows]
+    old = [r.old_logp[m] for r, m in zip(rows, masks)]
+    roll = [torch.tensor(tr.logprobs)[m] for tr, m in zip(trajs, masks)]
+    local = mismatch.token_sums(old, roll, [None if r.weight is None else r.weight[m] for r, m in zip(rows, masks)])
     total = dict(zip(local, all_sum(list(local.values()), run.device)))
     total["prob_diff_max"] = all_max(local["prob_diff_max"], run.device)
     return mismatch.metrics(total, all_gather_list(mismatch.sequence_ratios(old, roll)), run.correct is not None)
@@ -598,18 +648,9 @@ def evaluate(run: Run, samples_out: Path | None = None) -> dict:
     if run.policy is not None:
         push_weights_if_stale(run)
     rows = run.eval_rows[eg.index::eg.count]
-    eos = [run.tok.eos_token_id]
-    prompts, params = [], []
-    for i, row in enumerate(rows):  # seeds from the row's index in eval_rows: the same samples at any world size
-        prompts += [row["prompt_ids"]] * (k + 1)
-        params.append(run.engine.sampling(cfg.max_response_len, 0.0, 1.0, None, eos))
-        params += [run.engine.sampling(cfg.max_response_len, cfg.temperature, cfg.top_p,
-                                       cfg.seed * 7919 + (eg.index + i * eg.count) * 131 + j, eos) for j in range(k)]
-    bar = report.progress(run.rank, len(prompts), "eval")
-    texts = [run.tok.decode(toks, skip_special_tokens=True)
-             for toks, _ in run.engine.generate(prompts, params, on_finish=bar.update)]
-    bar.close()
-    texts = [texts[i * (k + 1) + j] for i in range(eg.member, len(rows), eg.size) for j in range(k + 1)]
+    completions = (eval_episodes if run.episodes else eval_completions)(run, rows)  # per row: greedy, k samples
+    texts = [c[0] for i in range(eg.member, len(rows), eg.size) for c in completions[i]]
+    turns = [c[1] for i in range(eg.member, len(rows), eg.size) for c in completions[i]]
     rows = rows[eg.member::eg.size]
     scores = run.pool.score([(rows[i // (k + 1)], t) for i, t in enumerate(texts)])
     run.engine.sleep()
@@ -618,11 +659,59 @@ def evaluate(run: Run, samples_out: Path | None = None) -> dict:
         mine = [{"id": row.get("id"), "data_source": row["data_source"], "task": row["task"], "name": row.get("name"),
                  "kind": "greedy" if j == 0 else "sample",
                  "completion": texts[i * (k + 1) + j], "score": scores[i * (k + 1) + j][0],
-                 "reason": scores[i * (k + 1) + j][1]["reason"]} for i, row in enumerate(rows) for j in range(k + 1)]
+                 "reason": scores[i * (k + 1) + j][1]["reason"],
+                 **({"turns": turns[i * (k + 1) + j]} if turns[i * (k + 1) + j] else {})}
+                for i, row in enumerate(rows) for j in range(k + 1)]
         every = all_gather_list(mine)
         if run.rank == 0:
             samples_out.write_text("".join(json.dumps(r) + "\n" for r in every))
     return report.eval_metrics(all_sum(report.eval_sums(rows, [s for s, _ in scores], k, sources), run.device), sources, k)
+
+
+def eval_completions(run: Run, rows: list[dict]) -> list[list[tuple[str, list]]]:
+    """Single-turn evaluation: per row [(text, [])] for the greedy completion and k samples, one engine batch; seeds
+    from the row's index in eval_rows, so the samples are the same at any world size."""
+    cfg, k, eg, eos = run.cfg, run.cfg.eval_samples, run.eg, [run.tok.eos_token_id]
+    prompts, params = [], []
+    for i, row in enumerate(rows):
+        prompts += [row["prompt_ids"]] * (k + 1)
+        params.append(run.engine.sampling(cfg.max_response_len, 0.0, 1.0, None, eos))
+        params += [run.engine.sampling(cfg.max_response_len, cfg.temperature, cfg.top_p,
+                                       cfg.seed * 7919 + (eg.index + i * eg.count) * 131 + j, eos) for j in range(k)]
+    bar = report.progress(run.rank, len(prompts), "eval")
+    texts = [run.tok.decode(toks, skip_special_tokens=True)
+             for toks, _ in run.engine.generate(prompts, params, on_finish=bar.update)]
+    bar.close()
+    return [[(t, []) for t in texts[i * (k + 1):(i + 1) * (k + 1)]] for i in range(len(rows))]
+
+
+def eval_episodes(run: Run, rows: list[dict]) -> list[list[tuple[str, list]]]:
+    """Evaluation when rows may be episodes: the same environments, through CoprisScheduler in synchronous mode
+    (greedy, then k samples per row); -> per row [(what the model wrote, every turn as {role, text})]."""
+    cfg, k, eg = run.cfg, run.cfg.eval_samples, run.eg
+    out = [[] for _ in rows]
+    for temperature, n, seed in ((0.0, 1, cfg.seed * 7919), (cfg.temperature, k, cfg.seed * 7919 + 1)):
+        sched = CoprisScheduler(n=n, groups=len(rows), concurrency=1, max_response_len=cfg.max_response_len,
+                                temperature=temperature, top_p=cfg.top_p if temperature else 1.0,
+                                stop_token_ids=[run.tok.eos_token_id], seed=seed, enabled=False,
+                                episodes=run.episodes)
+        todo = iter(range(len(rows)))
+
+        def draw():  # prompt id: the row's index in eval_rows (the same at any world size)
+            i = next(todo)
+            return eg.index + i * eg.count, rows[i]["prompt_ids"], rows[i]
+        groups, _ = sched.collect(run.engine, draw, run.policy_version)
+        for g in groups:
+            out[(g.prompt_id - eg.index) // eg.count] += [(model_text(run.tok, t), episode_turns(run.tok, t))
+                                                          for t in g.samples]
+    return out
+
+
+def episode_turns(tok, tr: Trajectory) -> list[dict]:
+    """An episode as [{"role": "model" | "tool", "text"}] in order."""
+    bounds = [0, *[x for span in tr.obs_spans for x in span], len(tr.tokens)]
+    return [{"role": "tool" if i % 2 else "model", "text": tok.decode(tr.tokens[a:b])}
+            for i, (a, b) in enumerate(zip(bounds, bounds[1:])) if b > a]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -783,6 +872,27 @@ def export(run: Run) -> None:
     export_hf(run.policy, run.tok, run.run_dir / "export", run.cfg.lora.export_merged, dtype)
 
 
+def start_episodes(run: Run, rows: list[dict]) -> Episodes | None:
+    """Tool workers and the observation format when some row's task names an environment (else None). A tokenizer
+    or chat template the episodes cannot use exactly is a ConfigError that says what to change."""
+    if not any(env_of(r) for r in rows):
+        return None
+    c = run.cfg.tools
+    try:
+        return Episodes(run.tok, run.cfg.chat_template, env_of, c.max_turns, c.max_obs_tokens, c.tool_steps,
+                        c.timeout_s, c.workers)
+    except TemplateError as e:
+        raise ConfigError(f"model_path {run.cfg.model_path}: {e}") from None
+
+
+def close_workers(run: Run) -> None:
+    """Reward and tool workers, then the engine (before the process group goes)."""
+    run.pool.close()
+    if run.episodes:
+        run.episodes.close()
+    run.engine.shutdown()
+
+
 def check_sandbox(cfg: Config, rows: list[dict]) -> None:
     """Rows whose reward runs model-written code (code, triton) need the sandbox's isolation (rewards/sandbox.py)."""
     if any(r["task"] in UNTRUSTED_TASKS for r in rows):
@@ -815,12 +925,13 @@ def train_rl(cfg: Config) -> None:
     run.keep_group = run.keep_group and (lambda g, f=run.keep_group: f(run, g))
     run.fill_old, run.fresh = old_logprob_strategy(cfg)
     run.correct = mismatch.correction(cfg.correction.mode, cfg.correction.low, cfg.correction.threshold)
+    run.episodes = start_episodes(run, rows + run.eval_rows)
     run.pool, run.engine = RewardPool(cfg.reward_workers, cfg.reward_timeout_s), start_engine(run)
     run.scheduler = CoprisScheduler(
         n=cfg.n_samples, groups=cfg.batch_groups // run.eg.count, concurrency=cfg.copris.concurrency,
         max_response_len=cfg.max_response_len, temperature=cfg.temperature, top_p=cfg.top_p,
         stop_token_ids=[run.tok.eos_token_id], seed=cfg.seed, enabled=cfg.copris.enabled,
-        staleness_cap=cfg.copris.staleness_cap)
+        staleness_cap=cfg.copris.staleness_cap, episodes=run.episodes)
     try:
         start = resume_or_start(run, ckpt, lambda: {**counts, **(evaluate(run) if run.eval_rows else {})})
 
@@ -831,8 +942,7 @@ def train_rl(cfg: Config) -> None:
         if run.rank == 0 and seconds is not None:
             report.report_rl(run.run_dir, cfg.eval_samples, seconds, cfg.steps - start)
     finally:
-        run.pool.close()
-        run.engine.shutdown()
+        close_workers(run)
 
 
 def sft_step(run: Run, step: int) -> dict:
@@ -880,6 +990,7 @@ def run_eval(cfg: Config) -> None:
     run, _ = setup(cfg, trainable=False)
     run.eval_rows, skipped = tokenize_prompts(rows, run.tok, cfg.max_prompt_len, cfg.chat_template)
     counts = data_counts(run, "eval", len(rows), skipped, f"prompt over max_prompt_len={cfg.max_prompt_len}")
+    run.episodes = start_episodes(run, run.eval_rows)
     run.pool, run.engine = RewardPool(cfg.reward_workers, cfg.reward_timeout_s), start_engine(run)
     try:
         metrics = {**evaluate(run, samples_out=run.run_dir / "eval_samples.jsonl"), **counts}
@@ -888,8 +999,7 @@ def run_eval(cfg: Config) -> None:
             report.print_eval_table(metrics, cfg.eval_samples)
             print(f"samples: {run.run_dir / 'eval_samples.jsonl'}")
     finally:
-        run.pool.close()
-        run.engine.shutdown()
+        close_workers(run)
 
 
 def preflight(argv: list[str], world: int) -> None:

@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# The GPU check, about 6-8 minutes on one H200, on the machine's own torch/transformers/triton (no vLLM:
-# nothing here imports it). Each step has its own time limit, so one hang cannot eat the budget:
+# The GPU check, about 7-9 minutes on one H200, on the machine's own torch/transformers/triton. Each step has its
+# own time limit, so one hang cannot eat the budget:
 #   env       versions vs requirements.txt's pins (a difference is reported, never fatal); trainer/model import
 #             without pulling vllm in                                                                   45 s
-#   tests     tests/test_kernels.py on CUDA (large shapes included)                                    120 s
+#   tests     tests/test_kernels.py and tests/test_fused_linear.py (the trainer's loss path) on CUDA, large
+#             shapes included; they need no sandbox, so a machine without bubblewrap runs them          180 s
 #   kernels   bench_kernels.py --quick (T=16384, V=151936, bf16), against Liger when its wheel is in .whl/  90 s
 #   step      bench_step.py --synthetic --size 1.5b --max_response_len 8192: the trainer's training side
 #             (packed forwards, FSDP2, bf16 mixed precision, activation checkpointing) vs plain transformers 150 s
 #   ckpt      bench_step.py --synthetic --size 0.5b --checkpoint: one FSDP2 bf16 update, save_checkpoint,
 #             one more update, load_checkpoint: the loaded weights must equal the saved ones exactly    90 s
-# The limits add up to 495 s; expected total about 6 minutes.
+# Where vLLM is installed (else said in summary.txt and skipped), on a tiny model built here (tinydata, 60 s):
+#   grpo      2 GRPO steps on the vLLM GPU path, evaluation before each: sleep(level 2), wake, weight push,
+#             rollout after evaluation                                                                 180 s
+#   prime     2 PRIME steps (the PRM, whitening all-reduced on the GPU)                                180 s
+# Without vLLM the limits add up to 555 s; expected total about 6 minutes.
 #
 #   bash benchmarks/gpu_check.sh OUT_DIR                 # the GPU machine (device tool: OUT_DIR=$OUT, carry .whl)
 #   bash benchmarks/gpu_check.sh --cpu-dry-run OUT_DIR   # every step at tiny sizes on CPU (checks the script)
@@ -88,9 +93,30 @@ import torch
 print('cuda available:', torch.cuda.is_available())
 print(json.dumps(v))
 "
-step tests 120 "$py" -m pytest -q -p no:cacheprovider tests/test_kernels.py
+step tests 180 "$py" -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_fused_linear.py
 step kernels 90 "$py" benchmarks/bench_kernels.py "${kernel_bench[@]}"
 step step 150 "$py" benchmarks/bench_step.py --synthetic "${step_bench[@]}"
 step ckpt 90 "$py" benchmarks/bench_step.py --synthetic --checkpoint "${ckpt_bench[@]}"
+if "$py" -c "import vllm" >/dev/null 2>&1; then
+    tiny="$out/tiny"
+    step tinydata 60 "$py" -c "
+import json, sys
+from pathlib import Path
+from data.arithmetic import write_demo_data
+from data.tiny_model import build_model_folder
+out = Path(sys.argv[1])
+write_demo_data(out / 'data', n_train=400, n_sft=400, n_eval=8, seed=0)
+rows = [json.loads(line) for line in open(out / 'data' / 'sft.jsonl')]
+build_model_folder(out / 'model', [r['prompt'] + r['completion'] for r in rows], vocab_size=400, hidden=128, layers=2)
+" "$tiny"
+    rl=(--model_path="$tiny/model" --train_data="$tiny/data/rl_train.jsonl" --eval_data="$tiny/data/eval.jsonl"
+        --steps=2 --eval_every=1 --eval_samples=2 --n_samples=4 --batch_groups=4 --max_prompt_len=64
+        --max_response_len=64 --token_budget=1024 --copris.concurrency=8 --overwrite=true)
+    step grpo 180 "$py" trainer.py "${rl[@]}" --run_dir="$out/runs/grpo"
+    step prime 180 "$py" trainer.py "${rl[@]}" --run_dir="$out/runs/prime" --prime.enabled=true \
+        --prime.filter_low=0 --prime.filter_high=1
+else
+    echo "grpo prime skipped: vllm is not installed here" | tee -a "$out/summary.txt"
+fi
 cat "$out/summary.txt"
 exit "$failed"

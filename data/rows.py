@@ -12,7 +12,7 @@ import json
 import torch
 
 from config import ConfigError
-from rewards.tasks import TASKS
+from tasks import TASKS
 
 REQUIRED_KEYS = {"rl": ("prompt",), "sft": ("prompt", "completion")}
 
@@ -53,7 +53,7 @@ def normalize_row(row, where: str, mode: str) -> dict:
     task = row.get("task", "math")
     if mode == "rl" and (not isinstance(task, str) or task not in TASKS):
         raise ConfigError(f"{where}: unknown task {task!r} (one of {sorted(TASKS)})")
-    for k in REQUIRED_KEYS[mode] + (TASKS[task][0] if mode == "rl" else ()):
+    for k in REQUIRED_KEYS[mode] + (TASKS[task].keys if mode == "rl" else ()):
         if k not in row:
             raise ConfigError(f"{where}: missing key {k!r}")
     prompt = row["prompt"]
@@ -63,7 +63,7 @@ def normalize_row(row, where: str, mode: str) -> dict:
         raise ConfigError(f"{where}: 'prompt' must be a non-empty string or a list of {{role, content}} messages")
     if mode == "sft" and not isinstance(row["completion"], str):
         raise ConfigError(f"{where}: 'completion' must be a string")
-    problem = TASKS[task][2](row) if mode == "rl" else None
+    problem = TASKS[task].check(row) if mode == "rl" else None
     if problem:
         raise ConfigError(f"{where}: {problem}")
     return {**row, "task": task, "data_source": str(row.get("data_source", "default")), "_where": where}

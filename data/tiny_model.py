@@ -22,8 +22,12 @@ QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
                r""" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
 
 
-def train_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
-    """Byte-level BPE with Qwen2's pre-tokenizer; id 0 is <|endoftext|> (eos and pad)."""
+TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]  # Qwen2.5's markers, one id each
+
+
+def train_tokenizer(texts: list[str], vocab_size: int, tools: bool = False) -> Tokenizer:
+    """Byte-level BPE with Qwen2's pre-tokenizer; id 0 is <|endoftext|> (eos and pad). tools: the tool-call markers
+    become single special tokens (after the trained vocabulary), as in Qwen2.5's tokenizer."""
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
@@ -35,17 +39,19 @@ def train_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
     tok.train_from_iterator(texts, trainer)
+    if tools:
+        tok.add_special_tokens(TOOL_TOKENS)
     return tok
 
 
 def build_model_folder(out: Path, texts: list[str], vocab_size: int = 512, hidden: int = 128,
-                       layers: int = 4, heads: int = 2, max_len: int = 512, seed: int = 0) -> None:
+                       layers: int = 4, heads: int = 2, max_len: int = 512, seed: int = 0, tools: bool = False) -> None:
     """Write tokenizer files and a random-init Qwen2ForCausalLM (head_dim = hidden / heads = 64:
-    vLLM's CPU attention needs 64) as safetensors into `out`."""
+    vLLM's CPU attention needs 64) as safetensors into `out`. tools: with the tool-call tokens (train_tokenizer)."""
     if hidden // heads != 64:
         raise ValueError(f"head_dim must be 64 for vLLM's CPU attention, got {hidden}/{heads}")
     out.mkdir(parents=True, exist_ok=True)
-    tok = train_tokenizer(texts, vocab_size)
+    tok = train_tokenizer(texts, vocab_size, tools)
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "Qwen2Tokenizer", "eos_token": EOS, "pad_token": EOS, "bos_token": None,
@@ -67,7 +73,8 @@ if __name__ == "__main__":
     ap.add_argument("--vocab-size", type=int, default=512)
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--tools", action="store_true", help="add the tool-call tokens (multi-turn episodes)")
     a = ap.parse_args()
     rows = [json.loads(line) for line in open(a.corpus)]
     corpus = [r["prompt"] + r.get("completion", r.get("solution", "")) for r in rows]
-    build_model_folder(a.out, corpus, a.vocab_size, a.hidden, a.layers)
+    build_model_folder(a.out, corpus, a.vocab_size, a.hidden, a.layers, tools=a.tools)

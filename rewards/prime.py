@@ -5,7 +5,8 @@ reward model and the advantages of the paper's Eq. 5.
     stats = prime(rows, outcome)              # sets row.adv (T_i,) for every row; -> prm_loss, prm_acc, ...
 
 The PRM starts from the same checkpoint as the policy (an FSDP2 model with its own AdamW). Token rewards
-r_t = beta * (log pi_prm(y_t) - log pi_ref(y_t)) (kernels.implicit_prm_rewards); PRM loss
+r_t = beta * (log pi_prm(y_t) - log pi_ref(y_t)) at the model's tokens, 0 at a tool's observations
+(kernels.implicit_prm_rewards); PRM loss
 BCE(sigmoid(sum_t r_t), outcome), one step per RL step. update=after (the paper's default): the rewards come from
 the same pre-update forward as the loss; update=before: they are recomputed after the step.
 Advantages: rewards.advantages.prime_advantages, whitened over the valid tokens of every rank.
@@ -23,6 +24,11 @@ from model import all_sum, build_model, clip_grad_norm, micro_batches, response_
 from rewards.advantages import prime_advantages
 
 
+def model_mask(row) -> torch.Tensor:
+    """(T,) 1.0 at the row's model tokens, 0.0 at observations: process rewards fall on model tokens only."""
+    return torch.ones(len(row.response)) if row.mask is None else row.mask.float()
+
+
 class Prime:
     """The PRM, its optimizer and the update order (module docstring); state_dict() is part of a checkpoint."""
 
@@ -36,12 +42,12 @@ class Prime:
         """Step the PRM, then set each row's advantages (T_i,); -> PRM and process-reward stats."""
         token_r, stats = self.step(rows, outcome)
         R = torch.nn.utils.rnn.pad_sequence(token_r, batch_first=True)  # (B, T) left-aligned
-        mask = torch.nn.utils.rnn.pad_sequence([torch.ones(len(r)) for r in token_r], batch_first=True)  # (B, T)
+        mask = torch.nn.utils.rnn.pad_sequence([model_mask(r) for r in rows], batch_first=True)  # (B, T)
         adv = prime_advantages(outcome, R, mask, self.cfg.n_samples, self.p.gamma, self.p.outcome_coef,
                                self.p.process_coef, reduce=functools.partial(sum_over_ranks, device=self.device))
         for i, r in enumerate(rows):
             r.adv = adv[i, :len(r.response)]
-        valid = torch.cat(token_r)
+        valid = torch.cat([r[model_mask(row) > 0] for r, row in zip(token_r, rows)])  # the model's tokens
         s1, s2, n = all_sum([float(valid.sum()), float((valid ** 2).sum()), valid.numel()], self.device)
         return {**stats, "process_reward_mean": s1 / n, "process_reward_std": math.sqrt(max(0.0, s2 / n - (s1 / n) ** 2))}
 
@@ -67,7 +73,8 @@ class Prime:
                 ref = self.ref_logp(batch)
             with torch.set_grad_enabled(train):
                 prm = response_logprobs(self.model, batch, self.device, self.cfg.temperature)
-                r = [implicit_prm_rewards(a, b, torch.ones_like(a), self.p.beta) for a, b in zip(prm, ref)]
+                masks = [model_mask(row).to(self.device) for row in batch] or [torch.ones(1, device=self.device)]
+                r = [implicit_prm_rewards(a, b, m, self.p.beta) for a, b, m in zip(prm, ref, masks)]
                 if not batch:
                     (r[0].sum() * 0.0).backward() if train else None
                     continue

@@ -1,4 +1,5 @@
 """Shared fixtures: a tiny model folder and demo data, built once per test session (no hub)."""
+import fnmatch
 import os
 from pathlib import Path
 
@@ -36,11 +37,33 @@ def world_of_one():
     dist.destroy_process_group()
 
 
-def pytest_sessionstart(session):
-    """No silent skips: the sandbox and reward tests need real isolation (bubblewrap). Without it the run stops
-    here, loudly, unless ALLOW_NO_SANDBOX_TESTS=1 says to run the rest and skip those."""
+NEEDS_SANDBOX = ("test_sandbox.py", "test_code_reward.py", "test_reward_dispatch.py", "test_triton_*.py")  # files
+
+
+def pytest_collection_modifyitems(config, items):
+    """No silent skips: the sandbox and reward tests (NEEDS_SANDBOX) need real isolation (bubblewrap). Without it a
+    session that selected any of them stops here, loudly, unless ALLOW_NO_SANDBOX_TESTS=1 says to run the rest and
+    skip those; a session without them (the kernel tests on a GPU machine) runs as it is."""
     from rewards.sandbox import bwrap_problem
-    problem = bwrap_problem()
-    if problem is not None and os.environ.get("ALLOW_NO_SANDBOX_TESTS") != "1":
+    needs = [i for i in items if any(fnmatch.fnmatch(i.path.name, p) for p in NEEDS_SANDBOX)]
+    problem = bwrap_problem() if needs else None
+    if problem is None:
+        return
+    if os.environ.get("ALLOW_NO_SANDBOX_TESTS") != "1":
         pytest.exit(f"the reward sandbox's isolation is unavailable ({problem}): run `make install` as root (it "
-                    f"installs bubblewrap), or set ALLOW_NO_SANDBOX_TESTS=1 to skip the tests that need it", returncode=1)
+                    f"installs bubblewrap), or set ALLOW_NO_SANDBOX_TESTS=1 to skip the {len(needs)} tests that need "
+                    f"it", returncode=1)
+    for item in needs:
+        item.add_marker(pytest.mark.skip(reason=f"no sandbox isolation ({problem})"))
+
+
+@pytest.fixture(scope="session")
+def tiny_tools(tiny, tmp_path_factory) -> Path:
+    """The tiny model's data with a model whose tokenizer has the tool-call tokens (data/tiny_model.py --tools)."""
+    from data.tiny_model import build_model_folder
+    import json
+    out = tmp_path_factory.mktemp("tiny_tools")
+    rows = [json.loads(line) for line in open(tiny / "data" / "sft.jsonl")]
+    build_model_folder(out / "model", [r["prompt"] + r["completion"] for r in rows], vocab_size=400,
+                       hidden=128, layers=2, heads=2, max_len=512, tools=True)
+    return out

@@ -379,7 +379,9 @@ def test_buffer_round_trip_through_json_restores_every_field_and_the_continuatio
             t.old_logprobs += [lp + 0.25 for lp in t.logprobs[len(t.old_logprobs):]]
     sched.buffer.append(groups[0])  # a complete, scored group carried over (more than B completed)
     trajs = [t for g in sched.buffer for t in g.samples]
-    for f in fields(Trajectory):  # every field must hold something to lose
+    for f in fields(Trajectory):  # every field must hold something to lose (multi-turn ones: tests/test_episodes.py)
+        if f.name in ("env", "obs_spans", "calls", "pending"):
+            continue
         default = f.default_factory() if f.default_factory is not MISSING else f.default
         assert any(getattr(t, f.name) not in (default, 0) for t in trajs), f"no buffered trajectory sets {f.name}"
     assert any(g.scores for g in sched.buffer), "no buffered group has scores"

@@ -91,7 +91,7 @@ def test_numeric_answers_from_a_data_file_score(tmp_path):
     and score 0 with reason error for every completion); close numbers are not equal (no rounding)."""
     import json
     from data.rows import load_rows
-    from rewards.tasks import score_row
+    from tasks import score_row
     path = tmp_path / "gsm.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in (
         {"prompt": "6*7?", "answer": 42}, {"prompt": "1.23?", "answer": 1.23}, {"prompt": "-3?", "answer": -3})))
@@ -105,7 +105,7 @@ def test_numeric_answers_from_a_data_file_score(tmp_path):
 
 @pytest.mark.parametrize("answer", [True, "", "  ", float("nan"), None, [1]])
 def test_answers_that_cannot_be_scored_are_refused_at_load(answer):
-    from rewards.tasks import check_math
+    from tasks import check_math
     assert check_math({"answer": answer}) == "'answer' must be a non-empty string or a number"
 
 

@@ -1,15 +1,19 @@
-"""The reward of each row `task`: one table, read by the data loader (which keys a row must have) and by the
-reward pool (which function scores it). Adding a task is one scoring function plus one line in TASKS.
+"""The task table: for each row `task`, the keys a row must have, its scorer, its row check and its environment.
+Read by data/ (row checks), rewards/ (the pool scores by it) and rollout/ (which rows are multi-turn episodes); it
+sits below them all and imports none of them at load time. Adding a task is one scoring function plus one line in
+TASKS; adding an environment is one class (rollout/environments.py) plus one line here.
 
-    keys, score, check = TASKS[row["task"]]
-    problem = check(row)                       # None, or what is wrong with the data row (data/rows.py says it)
-    reward, info = score(row, completion)      # (float, {"reason": str, ...}); never raises on model output
+    task = TASKS[row["task"]]                  # Task(keys, score, check, env)
+    problem = task.check(row)                  # None, or what is wrong with the data row (data/rows.py says it)
+    reward, info = task.score(row, completion) # (float, {"reason": str, ...}); never raises on model output
+    task.env                                   # None (single turn) or an environment's name: episodes with tools
 
-Adding a task: a scorer and a check below, one line in TASKS, and a row with `"task": "<name>"` (README, "Adding a
-task"). Each scorer imports its reward module when first called: math-verify (sympy) and the sandboxed rewards load only
-in the processes that score those tasks.
+Adding a task: a scorer and a check below, one line in TASKS, and a row with `"task": "<name>"` (docs/data.md). Each
+scorer imports its reward module when first called: math-verify (sympy) and the sandboxed rewards load only in the
+processes that score those tasks.
 """
 import ast
+from typing import Callable, NamedTuple
 
 
 def score_math(row: dict, completion: str) -> tuple[float, dict]:
@@ -69,13 +73,29 @@ def check_char_share(row: dict) -> str | None:
     return None if isinstance(row["chars"], str) and row["chars"] else "'chars' must be a non-empty string"
 
 
-UNTRUSTED_TASKS = ("code", "triton")  # their rewards run model-written code: the sandbox must isolate it
-TASKS = {  # task -> (keys a row of that task must have, scorer, check of a data row)
-    "math": (("answer",), score_math, check_math),
-    "code": (("tests",), score_code, check_code),
-    "triton": (("reference_code",), score_triton, check_triton),
-    "char_share": (("chars",), score_char_share, check_char_share),
+class Task(NamedTuple):
+    keys: tuple  # keys a row of the task must have
+    score: Callable  # (row, completion) -> (reward, info)
+    check: Callable  # row -> None or what is wrong with it
+    env: str | None = None  # rollout/environments.py's ENVIRONMENTS name: the rows are episodes with tools
+
+
+TASKS = {
+    "math": Task(("answer",), score_math, check_math),
+    "code": Task(("tests",), score_code, check_code),
+    "triton": Task(("reference_code",), score_triton, check_triton),
+    "char_share": Task(("chars",), score_char_share, check_char_share),
+    "math_calculator": Task(("answer",), score_math, check_math, env="calculator"),
+    "math_python": Task(("answer",), score_math, check_math, env="python"),
+    "triton_refine": Task(("reference_code",), score_triton, check_triton, env="triton_refine"),
 }
+UNTRUSTED_TASKS = ("code", "triton", "math_python", "triton_refine")  # they run model-written code: in the sandbox
+
+
+def env_of(row: dict) -> str | None:
+    """The row's environment (None: a single-turn row)."""
+    task = TASKS.get(row.get("task", "math"))
+    return task.env if task else None
 
 
 def score_row(row: dict, completion: str) -> tuple[float, dict]:
@@ -83,4 +103,4 @@ def score_row(row: dict, completion: str) -> tuple[float, dict]:
     task = row.get("task", "math")
     if task not in TASKS:
         return 0.0, {"reason": "unknown_task", "task": str(task)}
-    return TASKS[task][1](row, completion)
+    return TASKS[task].score(row, completion)
