@@ -110,12 +110,15 @@ def _argument_problem(value, constexpr: bool) -> str | None:
 
 
 def _refused_launch(kernel, args: tuple, kwargs: dict) -> str | None:
-    """Why a launch must not run: a pre-run hook (candidate code inside the launch) or an argument that
-    _argument_problem refuses."""
+    """Why a launch must not run: a pre-run hook (candidate code inside the launch) or an argument (default values
+    included) that _argument_problem refuses."""
     if kernel.pre_run_hooks:
         return "a pre-run hook"
     constexprs = {n for n, a in inspect.get_annotations(kernel.fn).items() if "constexpr" in str(a)}
-    for name, value in [*zip(kernel.arg_names, args), *kwargs.items()]:
+    given = {**dict(zip(kernel.arg_names, args)), **kwargs}
+    defaults = {n: p.default for n, p in inspect.signature(kernel.fn).parameters.items()
+                if n not in given and p.default is not inspect.Parameter.empty}
+    for name, value in {**given, **defaults}.items():
         problem = _argument_problem(value, name in constexprs)
         if problem:
             return f"argument {name} of {kernel.fn.__name__} is {problem}"
@@ -294,10 +297,10 @@ class _Candidate:
         device = self.job["device"]
         torch.manual_seed(case["init_seed"])
         model = self._phase("init", lambda: module.ModelNew(*case["init_inputs"]))
-        own = model.state_dict()
+        own = self._phase("init", model.state_dict)        # the model's hooks run under the audit too
         if own.keys() == case["state"].keys() and all(own[n].shape == v.shape for n, v in case["state"].items()):
-            model.load_state_dict(case["state"])           # same parameters as the reference Model
-        model = model.to(device)
+            self._phase("init", lambda: model.load_state_dict(case["state"]))   # the reference Model's parameters
+        model = self._phase("init", lambda: model.to(device))
         args = _to(device, torch.load(io.BytesIO(self.data["inputs"][k].numpy().tobytes()), weights_only=True))
         torch.manual_seed(int.from_bytes(os.urandom(7), "little"))
         before = self.audit.launches

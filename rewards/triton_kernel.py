@@ -18,20 +18,23 @@ The accepted language (an allowlist: what is not described here is refused; reas
   L1 text [lint_encoding]: utf-8 without another coding declaration or a carriage return, so Python, the
      sandbox and Triton's line-based re-read of a kernel (linecache) all see the same lines.
   L2 imports [lint_import]: at module level only, of torch, torch.nn, triton, triton.language (.math,
-     .extra.libdevice) and math; a module is only the head of an attribute chain, and every chain is an exact
-     allowed name: the public non-module names of triton.language(.math, .extra.libdevice) and math,
-     triton.{jit, autotune, heuristics, Config, cdiv, next_power_of_2} and the torch names listed below.
+     .extra.libdevice), math and typing; a module is only the head of an attribute chain, and every chain is an
+     exact allowed name: the public non-module names of triton.language(.math, .extra.libdevice) and math,
+     triton.{jit, autotune, heuristics, Config, cdiv, next_power_of_2}, the torch names listed below, and
+     typing.{Any, Optional, Union, Tuple, List, Dict, Sequence} inside annotations only.
   L3 names [lint_name; lint_forbidden_call for other builtins]: every name loaded (Python's own scoping, from
      symtable) is a local of its function or an enclosing one, a binding of a module-level statement, or one
-     of _BUILTINS. Module level holds only imports, defs, classes, assignments and docstrings (plus an
+     of _BUILTINS. Module level holds only imports, defs, classes, assignments, calls and a docstring (plus an
      `if __name__ == "__main__":` block, which never runs and is ignored); each name is bound there once; code
-     that runs while the module imports (assignments, decorators, defaults, class bodies) calls only API names
-     and builtins and names no function or class of the file but as a base class; no `global`, no `del` of a
-     name, no `:=`; classes at module level only.
-  L4 attributes [lint_forbidden_call]: no dunder but __init__, no `_private` attribute but a class's own
-     (`self._x` where the class assigns it), none of the frame / code / traceback attributes or `.handle`;
-     in kernel bodies only the public attributes of Triton's tensor, dtype and constexpr; no generators or
-     coroutines (yield, async, await).
+     that runs while the module imports (assignments, decorators, defaults, annotations, class bodies) calls
+     only API names and builtins and names no function or class of the file but as a base class; no `global`,
+     no `del` of a name, no `:=`; nothing is named like what Triton's rewritten kernels read from the module
+     (interpreter_semantic, _InterpreterComparison: _triton_reads).
+  L4 objects [lint_forbidden_call]: no dunder attribute but __init__, no `_private` attribute but a class's own
+     (`self._x` where the class defines or assigns it), none of the frame / code / traceback attributes or
+     `.handle`; in kernel bodies only the public attributes of Triton's tensor, dtype and constexpr; classes at
+     module level, derived only from nn.Module, torch.autograd.Function or classes of the file, without
+     decorators or keywords; no generators or coroutines (yield, async, await).
   L5 strings [lint_string]: no bytes; a str constant is a docstring, a call argument, a subscript key, a
      comparison operand, an assert message, an assigned or default value, or a dict key or value (inside
      list / tuple / dict literals in those places too); at most 200 characters and on one line, except
@@ -39,16 +42,17 @@ The accepted language (an allowlist: what is not described here is refused; reas
      no annotation holds a string.
   L6 kernels and launches [lint_launch]: a kernel is a module-level def whose decorators are `@triton.jit`
      (bare, or with literal debug / noinline / do_not_specialize(_on_alignment)) innermost, optionally under
-     `@triton.heuristics({"NAME": lambda args: <size expr>})` and `@triton.autotune(configs, key=[...],
-     reset_to_zero=[...], restore_value=[...])`; `triton.Config(dict, num_warps=, num_stages=, num_ctas=,
-     maxnreg=)`. jit / autotune / heuristics appear nowhere else. A kernel's name is used only as
-     `kernel[grid](...)` in host code, and in kernel bodies called or passed to a triton.language function.
-     grid: a tuple, a one-argument lambda whose body is a tuple of size expressions, or a name the same scope
-     assigns only those. Size expression: int constants, names, attribute chains, `x.shape[i]`,
-     `x.numel()`, `x.size(i)`, `x.stride(i)`, `x.dim()`, `meta["KEY"]`, + - * // % << >>, triton.cdiv,
-     triton.next_power_of_2, min, max (heuristics may also compare). A kernel body uses a tl.constexpr
-     parameter only as a value (no attribute, item or call on it) and stores only to names. Method
-     decorators: staticmethod, torch.no_grad(), torch.inference_mode(); none elsewhere.
+     `@triton.heuristics({"NAME": lambda args: <size expr or comparison>})` and `@triton.autotune(configs,
+     key=[...], reset_to_zero=[...], restore_value=[...])`; its parameter defaults are constants;
+     `triton.Config(dict, num_warps=, num_stages=, num_ctas=, maxnreg=)`. jit / autotune / heuristics appear
+     nowhere else, and triton.language is called only in kernel bodies (but `X = tl.constexpr(<constant>)` at
+     module level). A kernel's name is used only as `kernel[grid](...)` in host code, and in kernel bodies
+     called or passed to a triton.language function. grid: a tuple, a one-argument lambda whose body is a
+     tuple of size expressions, or a name its scope assigns only those. Size expression: int constants,
+     names, attribute chains, `x.shape[i]`, `x.numel()`, `x.size(i)`, `x.stride(i)`, `x.dim()`,
+     `meta["KEY"]`, + - * // % << >>, triton.cdiv, triton.next_power_of_2, min, max. A kernel body uses a
+     tl.constexpr parameter only as a value (no attribute, item or call on it) and stores only to names.
+     Method decorators: staticmethod, torch.no_grad(), torch.inference_mode(); none elsewhere.
   L7 kernel source [lint_source]: for every kernel, the text Triton compiles (the interpreter: from the last
      line of the decorated block, as inspect reads it, that starts with `def `; the GPU compiler: from the
      first `^def name(`) parses to exactly the linted function, and no other line of the block starts with
@@ -64,9 +68,10 @@ The accepted language (an allowlist: what is not described here is refused; reas
 
 Why accepted code reaches no exec, frame, numpy or host compute (check rule by rule):
   exec / eval / import: none is a builtin in _BUILTINS (L3), none is an allowed API name and no allowed name
-     is a module (L2; tests check the closure), and no attribute leads to one without a dunder (function
-     globals, class dicts, modules of objects: L4). No string is read as code: typing / functools / __future__
-     are not importable (L2), annotations hold no strings (L5), eval-like builtins are unbound (L3).
+     is a module (L2; a test checks the closure), and no attribute leads to one without a dunder (function
+     globals, class dicts, modules of objects: L4). No string is read as code: functools / __future__ are not
+     importable, typing only for type hints (L2), annotations hold no strings (L5), eval-like builtins are
+     unbound (L3).
   frames: reached only through sys / inspect (not importable, and Triton's injected `inspect` is not a binding
      of the file: L2, L3), generator / coroutine / traceback objects (no yield / async, no try: L4, L8) or
      frame attributes (L4).
@@ -75,12 +80,15 @@ Why accepted code reaches no exec, frame, numpy or host compute (check rule by r
   host compute: torch ops outside __init__ and kernels are refused by name (L8) and recorded at run time by the
      harness's dispatch audit; Python on tensor values needs a scalar read (aten._local_scalar_dense, recorded
      outside kernel launches) or a bridge (refused here, recorded at run time whoever calls it). Inside a
-     launch the only candidate code that runs is kernel bodies (Triton on Triton values: L4, L6; the harness
-     refuses any launch argument that is not a tensor, a scalar or a dtype, and tensors as tl.constexpr) and
-     grid / heuristics lambdas in the size language (L6; the harness evaluates them in a window where any
-     aten op or bridge is a violation); hooks, `triton.jit(fn)` calls and kernels as values are not in the
-     language (L6). The text that runs is the text linted (L1, L7), and Triton's injected globals are never
-     read (L3: every loaded name is bound by the file before any launch can happen, L3's import-time rule).
+     launch the only candidate code that runs is kernel bodies, grid and heuristics lambdas: kernel bodies
+     hold only Triton values (L4, L6: no module global but constexprs and kernels, constant defaults, no
+     tl.constexpr wrapping a tensor in host code; the harness refuses any launch argument that is not a
+     tensor, a scalar, a dtype or a tuple of those, and tensors as tl.constexpr), the lambdas are size
+     expressions that store nothing (L6; the harness runs them in a window where any aten op or bridge is a
+     violation). Hooks, `triton.jit(fn)` calls and kernels as values are not in the language (L6), nor names
+     Triton's rewrite calls (L3). The text that runs is the text linted (L1, L7), and Triton's injected
+     globals are never read: every name loaded is bound by the file, and no kernel launches while the module
+     imports (L3).
   the audit: it lives in the harness's frames and in modules no allowed name reaches, so accepted code cannot
      switch it off; the run-time checks are defence in depth for what no static rule sees (the types of launch
      arguments). `execute` alone runs code without this rule (the sandbox and the parent's validation hold).
@@ -132,10 +140,12 @@ _ref_cache: "OrderedDict[tuple, dict]" = OrderedDict()   # (reference_code, devi
 _ref_lock = threading.Lock()                              # triton_eval scores from threads
 
 _ALLOWED_MODULES = ("torch", "torch.nn", "triton", "triton.language", "triton.language.math",
-                    "triton.language.extra", "triton.language.extra.libdevice", "math")
+                    "triton.language.extra", "triton.language.extra.libdevice", "math", "typing")
 # modules whose public names (their __all__, else dir(); never a module) are allowed as exact paths
 _API_MODULES = ("triton.language", "triton.language.math", "triton.language.extra.libdevice", "math")
 _TRITON_TOP = ("jit", "autotune", "Config", "heuristics", "cdiv", "next_power_of_2")
+# typing names for type hints, allowed only inside annotations (which hold no strings, so nothing evaluates one)
+_TYPING = frozenset("typing." + n for n in "Any Optional Union Tuple List Dict Sequence".split())
 # the builtins a name may resolve to: none evaluates text, imports, reads frames or reaches an attribute by
 # name; on tensors they act through protocol methods (aten ops, scalar reads) that the run-time audit records
 _BUILTINS = frozenset("""
@@ -223,7 +233,7 @@ def _api_names() -> frozenset:
 def _allowed_paths(strict: bool) -> tuple:
     """(exact names, their proper prefixes) allowed in strict code (outside ModelNew.__init__ and kernels) or in
     the rest."""
-    exact = _api_names() | (_TORCH_OK if strict else _TORCH_INIT_OK)
+    exact = _api_names() | _TYPING | (_TORCH_OK if strict else _TORCH_INIT_OK)
     prefixes = {name.rsplit(".", k)[0] for name in exact for k in range(1, name.count(".") + 1)}
     return exact, frozenset(prefixes)
 
@@ -237,6 +247,20 @@ def _kernel_attrs() -> frozenset:
     for cls in (tl.tensor, tl.dtype, tl.pointer_type, tl.block_type, tl.constexpr):
         names |= {n for n in dir(cls) if not n.startswith("_")}
     return frozenset(names - _FRAME_ATTRS)
+
+
+@functools.cache
+def _triton_reads() -> frozenset:
+    """Names the interpreter's rewrite of a kernel loads from the kernel's module (assignments go through
+    interpreter_semantic, chained comparisons through _InterpreterComparison): found by rewriting a probe with
+    Triton's own ASTTransformer. A file binding one would run its own code inside every launch."""
+    from triton.runtime.interpreter import ASTTransformer
+    probe = ast.parse("def k(a, b, c):\n    d = a < b < c\n    d += a\n    e: int = b\n    if a and b or not c:\n"
+                      "        return [f(a) for f in c][0].x\n    while a == b != c:\n        a, b = b, a\n")
+    before = {n.id for n in ast.walk(probe) if isinstance(n, ast.Name)}
+    rewritten = ASTTransformer().visit(copy.deepcopy(probe))
+    params = {a.arg for a in ast.walk(rewritten) if isinstance(a, ast.arg)}
+    return frozenset(n.id for n in ast.walk(rewritten) if isinstance(n, ast.Name)) - before - params
 
 
 def _dotted(node) -> str | None:
@@ -329,6 +353,11 @@ class _Linter(ast.NodeVisitor):
                                 if a.annotation and self.resolve(a.annotation) == "triton.language.constexpr"}
                            for fn in self.kernels.values()}
         self.own_attrs = set()     # attributes the class being visited assigns on its methods' first parameter
+        self.annotations = set()   # ids of the nodes inside annotations
+        for node in ast.walk(self.module):
+            found = node.annotation if isinstance(node, (ast.arg, ast.AnnAssign)) else \
+                node.returns if isinstance(node, ast.FunctionDef) else None
+            self.annotations |= {id(n) for n in ast.walk(found)} if found else set()
         self.visit(self.module)
         self._names(self._module_bindings())
         self._import_time()
@@ -387,6 +416,7 @@ class _Linter(ast.NodeVisitor):
     def visit_Name(self, node):
         if node.id.startswith("__") and node.id not in _ALLOWED_DUNDERS:
             self.flag("lint_forbidden_call", node, f"uses {node.id}")
+        self._triton_name(node, node.id)
         if self.kernel and node.id in self.constexprs[self.kernel] and isinstance(node.ctx, ast.Load):
             parent = self.parents.get(node)
             if isinstance(parent, (ast.Attribute, ast.Subscript)) and parent.value is node or \
@@ -421,6 +451,17 @@ class _Linter(ast.NodeVisitor):
                 self.flag("lint_monkeypatch", node, f"assigns to {ast.unparse(node)}")
         self.generic_visit(node)
 
+    def _triton_name(self, node, name: str) -> None:
+        if name in _triton_reads():
+            self.flag("lint_name", node, f"{name}: Triton's interpreter reads this name from the module in every "
+                      "rewritten kernel")
+
+    def visit_arg(self, node):
+        self._triton_name(node, node.arg)
+
+    def visit_alias(self, node):
+        self._triton_name(node, node.asname or node.name)
+
     def visit_Global(self, node):
         self.flag("lint_name", node, "global (rebinds module names at run time)")
 
@@ -441,6 +482,7 @@ class _Linter(ast.NodeVisitor):
         _generator
 
     def visit_ClassDef(self, node):
+        self._triton_name(node, node.name)
         if self.parents.get(node) is not self.module or node.decorator_list or node.keywords:
             self.flag("lint_name", node, f"class {node.name}: classes only at module level, with bases only")
         for base in node.bases:
@@ -459,11 +501,14 @@ class _Linter(ast.NodeVisitor):
         self.generic_visit(node)
 
     def visit_FunctionDef(self, node):
+        self._triton_name(node, node.name)
         if node.name.startswith("__") and node.name not in _ALLOWED_DUNDERS:
             self.flag("lint_forbidden_call", node, f"defines {node.name} (only __init__ may be defined)")
         parent = self.parents.get(node)
         if node.name in self.kernels and parent is self.module:
             self._kernel_decorators(node)
+            if not all(isinstance(d, ast.Constant) for d in [*node.args.defaults, *node.args.kw_defaults] if d):
+                self.flag("lint_launch", node, f"kernel {node.name}: parameter defaults other than constants")
         elif isinstance(parent, ast.ClassDef):
             for d in node.decorator_list:
                 if not (isinstance(d, ast.Name) and d.id == "staticmethod" or isinstance(d, ast.Call) and
@@ -561,14 +606,9 @@ class _Linter(ast.NodeVisitor):
             if tok.type == tokenize.STRING and tok.start[0] != tok.end[0] and (tok.start[0], tok.end[0]) not in spans:
                 self.flag("lint_string", types.SimpleNamespace(lineno=tok.start[0]),
                           "a string spanning lines (only docstrings may)")
-        annotations = set()
-        for node in ast.walk(self.module):
-            found = node.annotation if isinstance(node, (ast.arg, ast.AnnAssign)) else \
-                node.returns if isinstance(node, ast.FunctionDef) else None
-            annotations |= {id(n) for n in ast.walk(found)} if found else set()
         for node in ast.walk(self.module):
             parent = self.parents.get(node)
-            if id(node) in annotations and (isinstance(node, ast.JoinedStr) or
+            if id(node) in self.annotations and (isinstance(node, ast.JoinedStr) or
                                             isinstance(node, ast.Constant) and isinstance(node.value, str)):
                 self.flag("lint_string", node, "a string annotation (Triton and typing read it as code)")
             elif isinstance(node, ast.Constant) and isinstance(node.value, bytes):
@@ -719,8 +759,9 @@ class _Linter(ast.NodeVisitor):
             scope = self.module
         stores = [n for n in ast.walk(scope) if isinstance(n, ast.Name) and n.id == expr.id and
                   isinstance(n.ctx, ast.Store) and self._scope(n) is scope]
-        values = [self.parents[n].value for n in stores if isinstance(self.parents[n], ast.Assign) and
-                  self.parents[n].targets == [n]]
+        values = [self.parents[n].value for n in stores if getattr(self.parents[n], "value", None) is not None and (
+            isinstance(self.parents[n], ast.Assign) and self.parents[n].targets == [n] or
+            isinstance(self.parents[n], ast.AnnAssign) and self.parents[n].target is n)]
         params = {a.arg for a in ast.walk(scope.args) if isinstance(a, ast.arg)} if not isinstance(scope, ast.Module) else set()
         return bool(values) and len(values) == len(stores) and expr.id not in params and \
             all(isinstance(v, (ast.Tuple, ast.Lambda)) and self._grid(v, scope) for v in values)
@@ -872,7 +913,9 @@ class _Linter(ast.NodeVisitor):
         parent = self.parents.get(node)
         exact, prefixes = _allowed_paths(strict)
         inner = isinstance(parent, ast.Attribute) and parent.value is node
-        if path in exact or inner and (path in prefixes or path in _ALLOWED_MODULES):
+        if (path in _TYPING or path == "typing" and inner) and id(node) not in self.annotations:
+            self.flag("lint_import", node, f"uses {path} outside an annotation")
+        elif path in exact or inner and (path in prefixes or path in _ALLOWED_MODULES):
             return
         what = f"uses {path}" + ("" if inner or "." in path and path not in _ALLOWED_MODULES else " as a value")
         self.flag("lint_torch_op" if path.split(".")[0] == "torch" else "lint_import", node, what)

@@ -82,8 +82,8 @@ def _resolve(name: str):
 
 
 def test_allowed_names_reach_no_module_evaluator_or_frame():
-    """Class 7: what accepted code can name. Every allowed API name is a torch / triton / math object, none a
-    module or a string evaluator; the allowed builtins evaluate nothing and are not among the globals Triton's
+    """Class 7: what accepted code can name. Every allowed API name is a torch / triton / math object (or one of
+    the typing names kept for annotations), none a module or a string evaluator; the allowed builtins evaluate nothing and are not among the globals Triton's
     interpreter injects (so an injected name can't shadow one)."""
     import builtins
     import functools
@@ -93,11 +93,11 @@ def test_allowed_names_reach_no_module_evaluator_or_frame():
                                   builtins.__import__, builtins.open, builtins.globals, builtins.vars, builtins.locals,
                                   typing.get_type_hints, typing.ForwardRef, functools.singledispatch, sys._getframe,
                                   inspect.stack, inspect.currentframe, importlib.import_module]}
-    for name in sorted(triton_kernel._api_names() | triton_kernel._TORCH_INIT_OK):
+    for name in sorted(triton_kernel._api_names() | triton_kernel._TORCH_INIT_OK | triton_kernel._TYPING):
         value = _resolve(name)
         assert not isinstance(value, types.ModuleType) and id(value) not in evaluators, name
         if callable(value):
-            assert (getattr(value, "__module__", None) or "").split(".")[0] in ("torch", "triton", "math"), name
+            assert (getattr(value, "__module__", None) or "").split(".")[0] in ("torch", "triton", "math", "typing"), name
     assert all(callable(getattr(builtins, n)) for n in triton_kernel._BUILTINS)
     assert not {n for n in triton_kernel._BUILTINS if id(getattr(builtins, n)) in evaluators}
     assert triton_kernel._BUILTINS.isdisjoint(vars(interpreter))

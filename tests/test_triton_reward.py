@@ -527,20 +527,21 @@ def test_no_isolation_fails_closed(monkeypatch):
 
 
 def test_linter_exact_paths():
-    """Allowed names are exact: a module reached through an allowed one is never allowed, whatever follows; typing,
-    functools and __future__ are not importable (issue 29: they evaluate strings)."""
+    """Allowed names are exact: a module reached through an allowed one is never allowed, whatever follows;
+    functools and __future__ are not importable, typing only for a few names in annotations (issue 29: they
+    evaluate strings)."""
     ok = ["tl.math.exp", "tl.extra.libdevice.tanh", "triton.next_power_of_2(x.numel())", "math.sqrt(2.0)",
           "torch.cuda.is_available()", "tl.float32"]
     bad = {"triton.knobs.os": "lint_import", "triton.runtime.driver": "lint_import", "math.floor.mro": "lint_import",
            "torch.nn.functional.torch.relu": "lint_torch_op", "torch.cuda.os": "lint_torch_op",
            "torch.Tensor.numpy": "lint_torch_op", "T = torch": "lint_torch_op", "print(tl)": "lint_import",
-           "tl.math.exp(x)": "lint_launch"}
-    prelude = "import math\n"
+           "tl.math.exp(x)": "lint_launch", "typing.get_type_hints": "lint_import", "typing.Optional": "lint_import"}
+    prelude = "import math\nimport typing\n"
     for expr in ok:
         assert lint(relu_candidate(f"y = {expr}\n" + LAUNCH, prelude)) == (None, ""), expr
     for expr, reason in bad.items():
         assert lint(relu_candidate(f"{expr}\n" + LAUNCH, prelude))[0] == reason, expr
-    for imp in ["import typing", "import functools", "from __future__ import annotations", "from typing import sys",
+    for imp in ["import functools", "from __future__ import annotations", "from typing import sys",
                 "from triton import knobs", "from triton.language import core", "import triton.runtime"]:
         assert lint(relu_candidate(LAUNCH, imp))[0] == "lint_import", imp
     init = relu_candidate(LAUNCH).replace("super().__init__()", "super().__init__()\n        self.f = {}")

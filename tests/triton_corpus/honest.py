@@ -1,7 +1,8 @@
 """Honest kernels in the styles people and models write Triton in: grid lambdas over meta, triton.autotune with
 triton.Config lists, triton.heuristics, helper @triton.jit functions, tl.constexpr globals, masks with other=,
 tl.math, 2-D blocks, tl.sum / tl.max reductions, several kernels launched from one forward, nn.Parameter
-weights, autograd.Function wrappers, launcher helpers, multi-line docstrings, a `__main__` test block. Each is
+weights, autograd.Function wrappers, launcher helpers, typing annotations, multi-line docstrings, a `__main__`
+test block. Each is
 a full completion for a shipped task and must score 1.0.
 
 HONEST: [(id, task name, code)]
@@ -777,6 +778,39 @@ class ModelNew(nn.Module):
         return out
 '''
 
+TYPING_ANNOTATIONS = """import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+from typing import Optional, Tuple
+
+
+@triton.jit
+def squared_diff_kernel(x_ptr, y_ptr, out_ptr, n_elements: int, BLOCK_SIZE: tl.constexpr = 512):
+    pid = tl.program_id(0)
+    offsets = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    d = tl.load(x_ptr + offsets, mask=mask) - tl.load(y_ptr + offsets, mask=mask)
+    tl.store(out_ptr + offsets, d * d, mask=mask)
+
+
+def squared_diff(x: torch.Tensor, y: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    if out is None:
+        out = torch.empty_like(x)
+    n_elements = x.numel()
+    grid: Tuple[int] = (triton.cdiv(n_elements, 512),)
+    squared_diff_kernel[grid](x, y, out, n_elements)
+    return out
+
+
+class ModelNew(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return squared_diff(x.contiguous(), y.contiguous())
+"""
+
 HONEST = [
     ("tutorial_grid_lambda_launcher", "relu", TUTORIAL_RELU),
     ("autotune_config_list", "gelu", AUTOTUNE_GELU),
@@ -804,4 +838,5 @@ HONEST = [
     ("autograd_function_from_imports", "tanh", AUTOGRAD_FUNCTION_TANH),
     ("softplus_static_range_private_attrs", "softplus", SOFTPLUS_STATIC_RANGE),
     ("where_num_programs_persistent", "where_positive", WHERE_POSITIVE_NUM_PROGRAMS),
+    ("typing_annotations_kernel_default", "squared_diff", TYPING_ANNOTATIONS),
 ]
