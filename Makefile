@@ -5,7 +5,7 @@ DEMO    := runs/demo
 # make demo NPROC=1
 NPROC   ?= $(shell n=$$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); [ "$$n" = 1 ] && echo 1 || echo 2)
 
-.PHONY: install sandbox demo test test-slow test-all mutants bench bench-step clean
+.PHONY: install sandbox demo demo-tools test test-slow test-all mutants bench bench-step clean
 
 install: .venv/.installed sandbox
 
@@ -42,6 +42,17 @@ demo: install
 	$(PY) -m data.tiny_model --corpus $(DEMO)/data/sft.jsonl --out $(DEMO)/model
 	$(PY) trainer.py --nproc_per_node $(NPROC) --config configs/demo_sft.yaml --overwrite=true
 	$(PY) trainer.py --nproc_per_node $(NPROC) --config configs/demo.yaml --overwrite=true
+
+# Tools demo (docs/tools.md): the tokenizer gets the tool-call tokens, SFT on demonstrations of which 30% call the
+# calculator, then GRPO with the calculator environment and, beside it, the same RL run without the tool.
+TOOLS   := runs/demo_tools
+demo-tools: install
+	$(PY) -m data.arithmetic --tools --out $(TOOLS)/data --train 20000 --sft 20000 --eval 500
+	$(PY) -m data.tiny_model --tools --corpus $(TOOLS)/data/sft.jsonl --out $(TOOLS)/model
+	$(PY) trainer.py --nproc_per_node $(NPROC) --config configs/demo_tools_sft.yaml --overwrite=true
+	$(PY) trainer.py --nproc_per_node $(NPROC) --config configs/demo_tools.yaml --overwrite=true
+	$(PY) trainer.py --nproc_per_node $(NPROC) --config configs/demo_tools.yaml --overwrite=true \
+	  --train_data=$(TOOLS)/data/rl_plain.jsonl --eval_data=$(TOOLS)/data/eval_plain.jsonl --run_dir=$(TOOLS)/rl_plain
 
 # The quick loop (about 6 min): every test but those marked slow. test-slow: the slow ones (about 13 min: resume of
 # PRIME/LoRA/TP runs, signals, end to end, LoRA, every shipped Triton solution). CI runs both; test-all: one go.

@@ -193,9 +193,11 @@ def report_rl(run_dir: Path, k: int, seconds: float, steps: int) -> None:
     evals = [r for r in map(json.loads, open(run_dir / "metrics.jsonl")) if "eval/greedy_acc" in r]
     if evals:
         a, b = evals[0], evals[-1]
+        tools = f", tool calls {a['eval/tool_call_rate']:.3f} -> {b['eval/tool_call_rate']:.3f}" \
+            if "eval/tool_call_rate" in a else ""
         print(f"held-out accuracy: greedy {a['eval/greedy_acc']:.3f} -> {b['eval/greedy_acc']:.3f}, "
-              f"mean@{k} {a[f'eval/mean@{k}']:.3f} -> {b[f'eval/mean@{k}']:.3f}  (steps {a['step']} -> {b['step']}; "
-              f"{steps} steps in {seconds:.0f} s, {steps / max(seconds, 1e-9):.3f} steps/s)")
+              f"mean@{k} {a[f'eval/mean@{k}']:.3f} -> {b[f'eval/mean@{k}']:.3f}{tools}  (steps {a['step']} -> "
+              f"{b['step']}; {steps} steps in {seconds:.0f} s, {steps / max(seconds, 1e-9):.3f} steps/s)")
     print(f"metrics: {run_dir / 'metrics.jsonl'}  plot: {run_dir / 'plot.png'}  export: {run_dir / 'export'}")
 
 
@@ -206,6 +208,7 @@ PANELS = [
     ("held-out accuracy", None),  # every top-level eval/* key
     ("response length (tokens)", ["response_len", "response_len_p90", "response_len_max"]),
     ("rollout-training mismatch", ["mismatch/kl_k3", "mismatch/log_ratio_abs_mean", "mismatch/prob_diff_max"]),
+    ("tool use", ["tools/call_rate", "tools/turns_mean", "tools/obs_token_frac"]),
     ("seconds per step, by phase", "time/"),
 ]
 

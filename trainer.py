@@ -51,7 +51,7 @@ from rewards.sandbox import SandboxUnavailable, require_isolation
 from tasks import UNTRUSTED_TASKS, env_of
 from rollout import mismatch
 from rollout.copris import CoprisScheduler, Trajectory
-from rollout.environments import Episodes, TemplateError
+from rollout.environments import Episodes, Observations, TemplateError
 
 if typing.TYPE_CHECKING:
     from rollout.vllm_engine import RolloutEngine
@@ -224,7 +224,7 @@ class Run:
     correct: typing.Callable | None = None  # mismatch correction weights, or None
     fresh: bool = False  # trainer old log-probs: the first mini-batch takes this version's tokens on-policy (ratio 1)
     agg: typing.Callable | None = None  # loss_agg's token weights (kernels.ppo_loss.token_weights)
-    sft_data: list = field(default_factory=list)  # SFT: (prompt ids, completion ids) pairs
+    sft_data: list = field(default_factory=list)  # SFT: (prompt ids, completion ids, assistant-token mask or None)
     sft_order: list = field(default_factory=list)  # SFT: row indices not yet drawn this epoch
     sft_gen: torch.Generator = field(default_factory=torch.Generator)  # SFT: epoch shuffles
     policy_version: int = 0  # optimizer steps taken
@@ -665,7 +665,11 @@ def evaluate(run: Run, samples_out: Path | None = None) -> dict:
         every = all_gather_list(mine)
         if run.rank == 0:
             samples_out.write_text("".join(json.dumps(r) + "\n" for r in every))
-    return report.eval_metrics(all_sum(report.eval_sums(rows, [s for s, _ in scores], k, sources), run.device), sources, k)
+    out = report.eval_metrics(all_sum(report.eval_sums(rows, [s for s, _ in scores], k, sources), run.device), sources, k)
+    if run.episodes:  # the share of held-out completions (greedy and sampled) that called a tool
+        called, n = all_sum([sum(any(x["role"] == "tool" for x in t) for t in turns), len(turns)], run.device)
+        out["eval/tool_call_rate"] = called / max(n, 1.0)
+    return out
 
 
 def eval_completions(run: Run, rows: list[dict]) -> list[list[tuple[str, list]]]:
@@ -952,12 +956,14 @@ def sft_step(run: Run, step: int) -> dict:
     if len(run.sft_order) < cfg.sft_batch_rows:
         run.sft_order += torch.randperm(len(run.sft_data), generator=run.sft_gen).tolist()
     batch, run.sft_order = run.sft_order[:cfg.sft_batch_rows], run.sft_order[cfg.sft_batch_rows:]
-    mine = [Row(*run.sft_data[i]) for i in batch[run.rank::run.world]]
-    tokens = all_sum([sum(len(r.response) for r in mine)], run.device)[0]
+    mine = [Row(p, c, mask=None if m is None else torch.tensor(m)) for p, c, m in
+            (run.sft_data[i] for i in batch[run.rank::run.world])]
+    tokens = all_sum([sum(float(model_tokens(r).sum()) for r in mine)], run.device)[0]
     loss_sum = 0.0
     for mb in micro_batches(mine, cfg.token_budget, run.device):
         logp = torch.cat(response_logprobs(run.policy, [mine[i] for i in mb], run.device, 1.0))  # (N,)
-        loss = -logp.sum() * run.world / tokens
+        keep = torch.cat([model_tokens(mine[i]) for i in mb]).to(logp.device) if mb else torch.zeros_like(logp)
+        loss = -(logp * keep).sum() * run.world / tokens
         loss.backward()
         loss_sum += loss.item() / run.world
     norm, _ = optimizer_step(run)
@@ -966,10 +972,19 @@ def sft_step(run: Run, step: int) -> dict:
 
 
 def train_sft(cfg: Config) -> None:
-    """Supervised fine-tuning on prompt/completion rows: loss on completion + eos tokens only."""
+    """Supervised fine-tuning on prompt/completion rows: loss on completion + eos tokens only (a demonstration given
+    as turns: on the assistant's tokens only, the tool turns being observations as episodes append them)."""
     rows = load_rows(cfg.train_data, "sft")
     run, ckpt = setup(cfg)
-    run.sft_data, skipped = tokenize_sft(rows, run.tok, cfg.max_prompt_len, cfg.max_response_len, cfg.chat_template)
+    observation = None
+    if any(isinstance(r["completion"], list) for r in rows):
+        try:
+            obs = Observations(run.tok, cfg.chat_template, cfg.max_response_len)
+        except TemplateError as e:
+            raise ConfigError(f"model_path {cfg.model_path}: {e}") from None
+        observation = lambda text: obs.ids(text)[0]  # noqa: E731
+    run.sft_data, skipped = tokenize_sft(rows, run.tok, cfg.max_prompt_len, cfg.max_response_len, cfg.chat_template,
+                                         observation)
     counts = data_counts(run, "train", len(rows), skipped, "prompt or completion over max_prompt_len/max_response_len")
     if cfg.sft_batch_rows < run.world or len(run.sft_data) < cfg.sft_batch_rows:
         raise ConfigError(f"sft_batch_rows={cfg.sft_batch_rows} needs >= {run.world} and <= {len(run.sft_data)} usable rows")

@@ -7,7 +7,13 @@ need many: the long tail that partial rollout exists for.
 
 Rows: {"id", "task": "math", "prompt", "answer", "solution"}. The SFT view adds "completion".
 
+The tools variant (make demo-tools): products of two 2-digit numbers plus a small count, which the tiny model copies
+well but cannot multiply. A share of the SFT demonstrations calls the calculator (a completion given as turns: the
+call, the tool's answer, the boxed result); the rest write a (correct) product from memory. RL rows come twice: task
+math_calculator (episodes with the calculator) and task math (the same problems, no tool).
+
     python -m data.arithmetic --out runs/data --train 20000 --eval 256
+    python -m data.arithmetic --tools --out runs/demo_tools/data --train 20000 --sft 20000 --eval 500
 """
 import argparse
 import json
@@ -81,6 +87,40 @@ def write_demo_data(out: Path, n_train: int, n_sft: int, n_eval: int, seed: int 
     write_jsonl(held_out, out / "eval.jsonl")
 
 
+def make_product(rng: random.Random) -> dict:
+    """`a` boxes of `b` items plus `c` loose ones: answer a*b+c, a, b in [12, 99], c in [1, 9]."""
+    a, b, c = rng.randint(12, 99), rng.randint(12, 99), rng.randint(1, 9)
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    prompt = f"{name} has {a} boxes of {b} {item} and {c} more {item}. How many {item} in all?" + PROMPT_SUFFIX
+    return {"prompt": prompt, "answer": str(a * b + c), "expression": f"{a}*{b}+{c}"}
+
+
+def tool_demonstration(row: dict) -> list[dict]:
+    """A completion as turns: the calculator call (hermes format), its answer, the boxed result."""
+    call = json.dumps({"name": "calculator", "arguments": {"expression": row["expression"]}})
+    return [{"role": "assistant", "content": f" <tool_call>{call}</tool_call>"},
+            {"role": "tool", "content": row["answer"]},
+            {"role": "assistant", "content": f" \\boxed{{{row['answer']}}}"}]
+
+
+def write_tools_data(out: Path, n_train: int, n_sft: int, n_eval: int, seed: int = 0, tool_rate: float = 0.3) -> None:
+    """sft.jsonl (a share tool_rate of demonstrations call the calculator), rl_tools.jsonl / eval_tools.jsonl (task
+    math_calculator) and rl_plain.jsonl / eval_plain.jsonl (task math: the same problems without the tool)."""
+    rng = random.Random(seed + 10)
+    rows = [{"id": i, **make_product(rng)} for i in range(n_train + n_sft + n_eval)]
+    train, sft, held_out = rows[:n_train], rows[n_train:n_train + n_sft], rows[n_train + n_sft:]
+    seen = {r["prompt"] for r in train + sft}
+    held_out = [r for r in held_out if r["prompt"] not in seen]
+    pick = random.Random(seed + 11)
+    write_jsonl([{"id": r["id"], "prompt": r["prompt"],
+                  "completion": tool_demonstration(r) if pick.random() < tool_rate else
+                  f" {r['expression']}={r['answer']}. \\boxed{{{r['answer']}}}"} for r in sft], out / "sft.jsonl")
+    for name, task in (("tools", "math_calculator"), ("plain", "math")):
+        for split, part in (("rl", train), ("eval", held_out)):
+            write_jsonl([{"id": r["id"], "task": task, "prompt": r["prompt"], "answer": r["answer"]} for r in part],
+                        out / f"{split}_{name}.jsonl")
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
@@ -88,5 +128,6 @@ if __name__ == "__main__":
     ap.add_argument("--sft", type=int, default=20000, help="SFT prompt/completion pairs")
     ap.add_argument("--eval", type=int, default=256, help="held-out prompts")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tools", action="store_true", help="the tools demo's data (write_tools_data)")
     a = ap.parse_args()
-    write_demo_data(a.out, a.train, a.sft, a.eval, a.seed)
+    (write_tools_data if a.tools else write_demo_data)(a.out, a.train, a.sft, a.eval, a.seed)

@@ -61,8 +61,12 @@ def normalize_row(row, where: str, mode: str) -> dict:
         isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt)
     if not (isinstance(prompt, str) and prompt) and not is_chat:
         raise ConfigError(f"{where}: 'prompt' must be a non-empty string or a list of {{role, content}} messages")
-    if mode == "sft" and not isinstance(row["completion"], str):
-        raise ConfigError(f"{where}: 'completion' must be a string")
+    c = row.get("completion")
+    turns = isinstance(c, list) and c and all(isinstance(t, dict) and t.get("role") in ("assistant", "tool")
+                                              and isinstance(t.get("content"), str) for t in c)
+    if mode == "sft" and not isinstance(c, str) and not turns:
+        raise ConfigError(f"{where}: 'completion' must be a string or a list of {{role: assistant | tool, content}} "
+                          f"turns (a demonstration with tool calls)")
     problem = TASKS[task].check(row) if mode == "rl" else None
     if problem:
         raise ConfigError(f"{where}: {problem}")
@@ -100,16 +104,25 @@ def tokenize_prompts(rows: list[dict], tok, max_len: int, chat_template: bool) -
     return kept, len(rows) - len(kept)
 
 
-def tokenize_sft(rows: list[dict], tok, max_prompt_len: int, max_response_len: int,
-                 chat_template: bool) -> tuple[list[tuple[list[int], list[int]]], int]:
-    """(prompt ids, completion ids + eos) per row that fits the limits -> (pairs, skipped)."""
-    pairs = []
+def tokenize_sft(rows: list[dict], tok, max_prompt_len: int, max_response_len: int, chat_template: bool,
+                 observation=None) -> tuple[list[tuple[list[int], list[int], list[bool] | None]], int]:
+    """(prompt ids, completion ids + eos, mask) per row that fits the limits -> (triples, skipped). A completion given
+    as turns (a demonstration with tool calls) is tokenized turn by turn, each tool turn through observation(text) ->
+    ids (rollout/environments.Observations: the ids an episode appends), and mask marks the assistant's tokens (the
+    only ones trained on); a plain completion has mask None."""
+    out = []
     for r in rows:
         p = tok(prompt_text(r, tok, chat_template), add_special_tokens=False)["input_ids"]
-        c = tok(r["completion"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        c, mask = [], []
+        turns = r["completion"] if isinstance(r["completion"], list) else [{"role": "assistant", "content": r["completion"]}]
+        for t in turns:
+            ids = tok(t["content"], add_special_tokens=False)["input_ids"] if t["role"] == "assistant" else \
+                observation(t["content"])
+            c, mask = c + ids, mask + [t["role"] == "assistant"] * len(ids)
+        c, mask = c + [tok.eos_token_id], mask + [True]
         if 0 < len(p) <= max_prompt_len and len(c) <= max_response_len:
-            pairs.append((p, c))
-    return pairs, len(rows) - len(pairs)
+            out.append((p, c, None if all(mask) else mask))
+    return out, len(rows) - len(out)
 
 
 class PromptSource:

@@ -76,5 +76,6 @@ if __name__ == "__main__":
     ap.add_argument("--tools", action="store_true", help="add the tool-call tokens (multi-turn episodes)")
     a = ap.parse_args()
     rows = [json.loads(line) for line in open(a.corpus)]
-    corpus = [r["prompt"] + r.get("completion", r.get("solution", "")) for r in rows]
+    corpus = [r["prompt"] + (c if isinstance(c, str) else "".join(t["content"] for t in c))
+              for r in rows for c in [r.get("completion", r.get("solution", ""))]]
     build_model_folder(a.out, corpus, a.vocab_size, a.hidden, a.layers, tools=a.tools)

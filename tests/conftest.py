@@ -62,7 +62,9 @@ def tiny_tools(tiny, tmp_path_factory) -> Path:
     """The tiny model's data with a model whose tokenizer has the tool-call tokens (data/tiny_model.py --tools)."""
     from data.tiny_model import build_model_folder
     import json
+    import shutil
     out = tmp_path_factory.mktemp("tiny_tools")
+    shutil.copytree(tiny / "data", out / "data")
     rows = [json.loads(line) for line in open(tiny / "data" / "sft.jsonl")]
     build_model_folder(out / "model", [r["prompt"] + r["completion"] for r in rows], vocab_size=400,
                        hidden=128, layers=2, heads=2, max_len=512, tools=True)

@@ -403,3 +403,55 @@ def test_observation_tokens_get_no_loss_kl_or_denominator(world_of_one, tiny):
         return stats["loss"], [p.detach().clone() for p in policy.parameters()]
     (l1, p1), (l2, p2) = update(0.0), update(-50.0)
     assert l1 == l2 and all(torch.equal(a, b) for a, b in zip(p1, p2)), "observation tokens moved the loss"
+
+
+def frequent_token(model_dir) -> int:
+    """The non-eos token a random model samples most often after a demo prompt (HF generate, seeded)."""
+    import collections
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tok, m = AutoTokenizer.from_pretrained(model_dir), AutoModelForCausalLM.from_pretrained(model_dir)
+    ids = tok("Ann has 3 apples. Ann gets 4 more. How many apples now? Answer:", return_tensors="pt").input_ids
+    torch.manual_seed(0)
+    out = m.generate(ids.repeat(16, 1), attention_mask=torch.ones_like(ids).repeat(16, 1), do_sample=True,
+                     max_new_tokens=48, pad_token_id=tok.eos_token_id)[:, ids.shape[1]:]
+    return collections.Counter(t for t in out.flatten().tolist() if t != tok.eos_token_id).most_common(1)[0][0]
+
+
+@pytest.mark.slow
+def test_sigkill_with_a_tool_call_pending_then_resume_matches_uninterrupted_run(tiny_tools, tmp_path):
+    """Multi-turn RL (task math_calculator) on the tiny model, answers joining 6 engine steps after their call so
+    that collects end with calls pending: killed after checkpoint 2 (whose buffer holds a trajectory waiting for its
+    tool) and resumed, the run writes the uninterrupted run's metrics exactly; every call is counted by outcome."""
+    import subprocess
+    import sys
+    import shutil
+    from helpers import ENV, ROOT, kill_tree, metrics, rl_args, wait_for
+    data = tmp_path / "calc.jsonl"
+    data.write_text("".join(json.dumps({**json.loads(line), "task": "math_calculator"}) + "\n"
+                            for line in open(tiny_tools / "data" / "rl_train.jsonl")))
+    env = {**ENV, "CALL_END_ID": str(frequent_token(tiny_tools / "model"))}
+
+    def cmd(run_dir, *more):
+        args = rl_args(tiny_tools, run_dir, f"--train_data={data}", "--max_response_len=96", "--tools.tool_steps=6",
+                       "--tools.max_obs_tokens=8", "--tools.workers=1", *more)
+        return [sys.executable, "tests/episode_trainer.py", *args]
+    p = subprocess.run(cmd(tmp_path / "ref"), cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    want = metrics(tmp_path / "ref")
+    assert sum(r.get("tools/malformed", 0) for r in want) > 0 and all("tools/turns_mean" in r for r in want[1:])
+    proc = subprocess.Popen(cmd(tmp_path / "killed"), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    wait_for(tmp_path / "killed" / "checkpoints" / "step_000002" / "manifest.json", proc)
+    kill_tree(proc)
+    state = torch.load(tmp_path / "killed" / "checkpoints" / "step_000002" / "rank0.pt", weights_only=False)
+    assert any(t["pending"] for g in state["scheduler"]["buffer"] for t in g["samples"]), "no pending call buffered"
+    for c in (tmp_path / "killed" / "checkpoints").glob("step_*"):
+        if c.name > "step_000002":
+            shutil.rmtree(c)
+    p = subprocess.run(cmd(tmp_path / "killed", "--resume=auto"), cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = metrics(tmp_path / "killed")
+    assert len(got) == len(want)
+    for w, g in zip(want, got):
+        assert g == w, f"step {w['step']}: " + str({k: (w[k], g.get(k)) for k in w if g.get(k) != w[k]})
