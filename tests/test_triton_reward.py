@@ -344,7 +344,7 @@ def test_adversarial_scores_zero_with_reason(adversarial_results, cid, task, cod
                   "python_scalar_compute_in_forward": "aten._local_scalar_dense"}.get(cid)
     if runtime_op:
         assert info["detail"].startswith("runtime") and runtime_op in info["detail"], info
-    static = {"torch_module_as_value": "torch.nn as a value", "chain_typing_sys_modules": "imports typing",
+    static = {"torch_module_as_value": "torch.nn as a value", "chain_typing_sys_modules": "typing.sys",
               "chain_triton_knobs_importlib": "triton.knobs", "numpy_method_loaded_then_called": ".numpy",
               "kernel_body_reads_global_dict": "uses .copy_", "coding_declaration_utf7": "utf-7",
               "kernel_numpy_through_handle": ".handle", "init_reads_inputs_from_caller_frame": "generators"}.get(cid)
