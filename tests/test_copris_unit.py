@@ -295,6 +295,41 @@ def test_staleness_cap_restarts_old_partial_trajectories(cap, restarts):
         assert t.tokens == tokens, f"group {t.prompt_id} sample {t.sample}: a finished sample changed"
 
 
+def stale_restart(cap: int, version: int) -> tuple[Trajectory, Trajectory]:
+    """Group 5 buffered with sample 0 sampled at versions [0, 0, 1] and sample 1 at [1, 1], each with the trainer's
+    old log-probs (the engine's + 0.25) for its tokens; one collect at `version` with staleness_cap `cap`, then the
+    trainer's fill of the new tokens' old log-probs. -> the two trajectories."""
+    def partial(s: int, versions: list[int]) -> Trajectory:
+        lps = [logp(5, s, k, v) for k, v in enumerate(versions)]
+        return Trajectory(5, s, prompt(5), [token(5, s, k) for k in range(len(versions))], lps, list(versions),
+                          [lp + 0.25 for lp in lps], segments=2)
+    a, b = partial(0, [0, 0, 1]), partial(1, [1, 1])
+    sched = scheduler(n=2, groups=1, staleness_cap=cap)
+    sched.buffer = [Group(5, {"id": 5}, [a, b])]
+    sched.collect(FakeEngine(version), Prompts(start=6), version)
+    for t in (a, b):
+        t.old_logprobs += [lp + 0.25 for lp in t.logprobs[len(t.old_logprobs):]]
+        check_tokens(t)
+    return a, b
+
+
+def test_stale_restart_keeps_no_old_logprob_of_the_old_sampling():
+    """A trajectory restarted for staleness is trained against the policy that sampled its new tokens: each of its
+    old log-probs is the one of its own token's version (none left over from the sampling it threw away)."""
+    a, _ = stale_restart(cap=0, version=2)
+    assert set(a.versions) == {2} and a.tokens, f"sample 0 not restarted: versions {a.versions}"
+    want = [logp(5, 0, k, v) + 0.25 for k, v in enumerate(a.versions)]
+    assert a.old_logprobs == want, f"old log-probs {a.old_logprobs}, for versions {a.versions}: {want}"
+
+
+def test_staleness_counts_from_the_first_token():
+    """staleness_cap=1 at version 2: a trajectory whose first token is 2 versions old restarts even though its newest
+    is 1 version old; one whose first token is 1 version old is extended, keeping its tokens."""
+    a, b = stale_restart(cap=1, version=2)
+    assert a.versions and set(a.versions) == {2}, f"first token 2 versions old, not restarted: versions {a.versions}"
+    assert b.versions[:2] == [1, 1] and set(b.versions[2:]) == {2}, f"first token 1 version old: versions {b.versions}"
+
+
 def test_dynamic_sampling_collects_until_B_groups_are_kept():
     sched, draw, calls = scheduler(n=4, groups=2, concurrency=6), Prompts(), []
     for version in range(3):

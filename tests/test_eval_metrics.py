@@ -32,3 +32,11 @@ def test_eval_metrics_from_known_scores():
         "eval/rows": 4}
     single = eval_metrics(eval_sums(rows[:1], scores[:4], k, ["a"]), ["a"], k)
     assert single == {"eval/greedy_acc": 1.0, "eval/mean@3": 2 / 3, "eval/pass@3": 1.0, "eval/rows": 1}
+
+
+def test_greedy_completion_is_not_one_of_the_k_samples():
+    """mean@k and pass@k are figures of the k samples alone: a right greedy answer moves greedy_acc and nothing else
+    (here no sample passes, so pass@3 stays 0)."""
+    for greedy in (0.0, 1.0):
+        m = eval_metrics(eval_sums([{"data_source": "a"}], [greedy, 0.0, 0.5, 0.0], 3, ["a"]), ["a"], 3)
+        assert m == {"eval/greedy_acc": greedy, "eval/mean@3": 0.5 / 3, "eval/pass@3": 0.0, "eval/rows": 1}, greedy

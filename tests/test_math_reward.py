@@ -36,6 +36,8 @@ def test_a_gold_answer_is_parsed_once():
 @pytest.mark.parametrize("completion, answer, reason", [
     ("\\boxed{18}", "19", "wrong"),
     ("\\boxed{\\sqrt{3}}", "\\sqrt{8}", "wrong"),
+    ("\\boxed{1.2}", "1.23", "wrong"),  # decimals compared past the first place (math-verify rounds at the 6th)
+    ("\\boxed{3.1416}", "3.14159", "wrong"),
     ("the answer is 19", "19", "no_answer"),
     ("\\boxed{19", "19", "no_answer"),
     ("", "19", "no_answer"),

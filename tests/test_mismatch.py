@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LOW, C = 0.5, 2.0
 
 
-def reference_weights(mode: str, old: list[float], roll: list[float]) -> list[float]:
+def reference_weights(mode: str, old: list[float], roll: list[float], low: float = LOW, C: float = C) -> list[float]:
     """The formulas of rollout/mismatch.py's docstring, one token at a time in float64 (0 = masked), on the
     float32 values the trainer holds."""
     old, roll = torch.tensor(old).tolist(), torch.tensor(roll).tolist()
@@ -26,12 +26,12 @@ def reference_weights(mode: str, old: list[float], roll: list[float]) -> list[fl
     if mode == "token_truncate":
         return [min(x, C) for x in ratio]
     if mode == "token_mask":
-        return [x if LOW <= x <= C else 0.0 for x in ratio]
+        return [x if low <= x <= C else 0.0 for x in ratio]
     if mode == "sequence_truncate":
         return [min(rho, C)] * len(d)
     if mode == "sequence_geo_mask":
-        return [1.0 if LOW <= g <= C else 0.0] * len(d)
-    return [rho if LOW <= rho <= C else 0.0] * len(d)
+        return [1.0 if low <= g <= C else 0.0] * len(d)
+    return [rho if low <= rho <= C else 0.0] * len(d)
 
 
 SEQS = [  # (old, roll): ratios inside, above C, below LOW, just inside and outside the bounds, a long tail, one token

@@ -1,0 +1,154 @@
+"""Config keys and resumable state through the trainer's own wiring (tests/fake_rl.py: train_rl / train_sft in this
+process with a fake engine and reward pool, about a second a run).
+
+Keys: each run changes several keys from their defaults at once; the update's loss must equal the float64 formulas
+evaluated with the run's config, and must not equal them with any one of those keys put back to its default (so
+the key changes the result, and the trainer follows it). State: a run resumed from its step-1 checkpoint restores
+every piece of Run.state_dict() exactly as saved, and then saves the same states and logs the same metrics as the
+run that was never stopped."""
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from fake_rl import advantages_fp64, assert_same_state, run_args, train
+from helpers import TIMING
+from test_mismatch import reference_weights
+
+# run -> the keys it changes (the first three are the defaults' alternatives the reference must follow)
+RUNS = {
+    # old log-probs from the engine: ratios far from 1, so every clip bound and the dual clip act; 2 steps, so the
+    # second update's policy differs from the initial model (k3 KL > 0)
+    "rollout": ("--copris.old_logprob_source=rollout", "--steps=2", "--clip_low=0.1", "--clip_high=0.5",
+                "--dual_clip=2", "--kl_coef=0.5", "--entropy_coef=0.1", "--loss_agg=seq-mean-token-mean",
+                "--temperature=0.6", "--scale_std=false", "--copris.staleness_cap=0", "--eval_samples=3"),
+    # trainer old log-probs computed before the update, corrected against the engine's (token mask, both bounds)
+    "correction": ("--correction.mode=token_mask", "--correction.low=0.3", "--correction.threshold=5"),
+    # trainer old log-probs from the update's own forward (ratio 1), RLOO, sequence-sum aggregation
+    "trainer": ("--advantage=rloo", "--loss_agg=seq-mean-token-sum"),
+}
+KEYS = {"rollout": ["copris.old_logprob_source", "clip_low", "clip_high", "dual_clip", "kl_coef", "entropy_coef",
+                    "loss_agg", "temperature", "scale_std"],
+        "correction": ["correction.mode", "correction.low", "correction.threshold"],
+        "trainer": ["advantage", "loss_agg"]}
+
+
+def with_default(cfg, key: str):
+    """cfg with `key` (dotted for a section) back at its default value."""
+    section, _, name = key.rpartition(".")
+    if not section:
+        return dataclasses.replace(cfg, **{name: getattr(type(cfg)(), name)})
+    sub = getattr(cfg, section)
+    return dataclasses.replace(cfg, **{section: dataclasses.replace(sub, **{name: getattr(type(sub)(), name)})})
+
+
+def reference_loss(cfg, u) -> float:
+    """An update's loss from DESIGN.md and kernels/ppo_loss.py in float64, from the recorded logits: old = the
+    pre-update policy's log-prob (trainer source: valid while every trained token was sampled by that policy) or
+    the engine's (rollout source); advantages from the groups' rewards; the correction weight of old against the
+    engine's log-prob (0 = masked); loss_agg over the kept tokens; clip, dual clip, k3 KL to the initial model and
+    the entropy bonus at the sampling temperature."""
+    trajs = [t for g in u.groups for t in g.samples]
+    adv = advantages_fp64(cfg, [s for g in u.groups for s, _ in g.scores])
+    terms = []
+    for z, z_ref, r, t, a in zip(u.logits, u.ref_logits, u.rows, trajs, adv):
+        lsm, ref_lsm = torch.log_softmax(z / cfg.temperature, -1), torch.log_softmax(z_ref / cfg.temperature, -1)
+        tokens = torch.tensor(r.response)[:, None]
+        logp, ref = lsm.gather(1, tokens)[:, 0], ref_lsm.gather(1, tokens)[:, 0]
+        roll = torch.tensor(t.logprobs, dtype=torch.float64)
+        old = roll if cfg.copris.old_logprob_source == "rollout" else logp
+        w = torch.ones_like(logp) if cfg.correction.mode == "none" else torch.tensor(
+            reference_weights(cfg.correction.mode, old.tolist(), roll.tolist(), cfg.correction.low,
+                              cfg.correction.threshold), dtype=torch.float64)
+        ratio = (logp - old).clamp(-20, 20).exp()
+        loss = torch.maximum(-a * ratio, -a * ratio.clamp(1 - cfg.clip_low, 1 + cfg.clip_high))
+        if cfg.dual_clip is not None and a < 0:
+            loss = loss.clamp(max=-a * cfg.dual_clip)
+        d = (ref - logp).clamp(-20, 20)
+        entropy = -(lsm.exp() * lsm).sum(-1)
+        terms.append((w, loss + cfg.kl_coef * (d.exp() - d - 1) - cfg.entropy_coef * entropy))
+    kept = [int((w > 0).sum()) for w, _ in terms]
+    n_tok, n_seq = sum(kept), sum(k > 0 for k in kept)
+    agg = {"token-mean": lambda k: 1 / n_tok, "seq-mean-token-mean": lambda k: 1 / (max(k, 1) * n_seq),
+           "seq-mean-token-sum": lambda k: 1 / n_seq}[cfg.loss_agg]
+    return sum(float((w * l).sum()) * agg(k) for (w, l), k in zip(terms, kept))
+
+
+@pytest.fixture(scope="module")
+def runs(world_of_one, tiny, tmp_path_factory):
+    held_out = f"--eval_data={tiny / 'data' / 'eval.jsonl'}"
+    return {name: train(run_args(tiny, tmp_path_factory.mktemp(name), *keys, *([held_out] if name == "rollout" else [])))
+            for name, keys in RUNS.items()}
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_update_loss_follows_every_key(runs, name):
+    """The last update's loss equals the float64 formulas with the run's config, and differs from them with any
+    one of the run's keys at its default."""
+    res = runs[name]
+    u, got = res.updates[-1], res.updates[-1].stats["loss"]
+    want = reference_loss(res.cfg, u)
+    assert abs(got - want) <= 1e-5 * max(1.0, abs(want)), f"{name}: loss {got}, the formulas give {want}"
+    for key in KEYS[name]:
+        other = reference_loss(with_default(res.cfg, key), u)
+        assert abs(other - want) > 1e-3 * max(1.0, abs(want)), f"{name}: {key} does not change the loss ({want})"
+    sampled = {p["temperature"] for p in res.engine.params} - {0.0}  # 0: the held-out greedy completions
+    assert sampled == {res.cfg.temperature}, f"{name}: the engine sampled at {sampled}"
+
+
+def test_staleness_cap_restarts_buffered_trajectories(runs):
+    """copris.staleness_cap=0 (the rollout run): every partial trajectory carried into step 2 is trained on tokens
+    of version 1 only (restarted), none extended from its version-0 tokens."""
+    u = runs["rollout"].updates[-1]
+    carried = [t for g in u.groups for t in g.samples if (t.prompt_id, t.sample) in u.carried]
+    assert carried, "no carried partial trajectory was trained in step 2: the test checks nothing"
+    for t in carried:
+        assert set(t.versions) == {1}, f"prompt {t.prompt_id} sample {t.sample}: versions {t.versions}"
+
+
+def test_eval_samples_sets_the_k_of_mean_and_pass(runs):
+    """eval_samples=3: the step-0 evaluation scores 1 greedy + 3 samples per held-out row; greedy_acc comes from
+    the greedy ones, mean@3 and pass@3 from the 3 samples alone."""
+    res, k = runs["rollout"], 3
+    scores = [s for s, _ in res.pool.calls[0]]  # the first scoring: the evaluation before step 1
+    rows = [scores[i:i + k + 1] for i in range(0, len(scores), k + 1)]
+    m = res.metrics[0]
+    want = {"eval/rows": len(rows), "eval/greedy_acc": sum(r[0] for r in rows) / len(rows),
+            "eval/mean@3": sum(sum(r[1:]) / k for r in rows) / len(rows),
+            "eval/pass@3": sum(any(x >= 1 for x in r[1:]) for r in rows) / len(rows)}
+    assert len(scores) == (k + 1) * m["data/eval_rows"] and 0 < want["eval/pass@3"] < 1
+    for key, v in want.items():
+        assert math.isclose(m[key], v, abs_tol=1e-9), f"{key}: {m[key]} vs {v}"
+
+
+RESUMES = {  # LR warm-up over the steps, so a schedule that restarts changes the learning rate
+    "rl-prime": ("--prime.enabled=true", "--prime.filter_low=0", "--prime.filter_high=1", "--prime.lr=1e-3"),
+    "sft": ("--mode=sft", "--sft_epochs=0", "--sft_batch_rows=16", "--max_response_len=96"),
+}
+
+
+@pytest.mark.parametrize("name", list(RESUMES))
+def test_resume_restores_every_piece_of_state(world_of_one, tiny, tmp_path, name):
+    """Resumed from the step-1 checkpoint, Run.state_dict() (policy, optimizer, LR schedule, RNGs, prompt cursor,
+    CoPRIS buffer, PRIME's PRM and its optimizer, counters, SFT order and generator) is exactly what was saved, and
+    steps 2 and 3 save the same states and log the same metrics as the run that was never stopped."""
+    data = tiny / "data" / ("sft.jsonl" if name == "sft" else "rl_train.jsonl")
+    keys = (*RESUMES[name], f"--train_data={data}", "--steps=3", "--warmup_steps=3", "--keep_checkpoints=3")
+    whole = train(run_args(tiny, tmp_path, *keys), state=True)
+    resumed = train(run_args(tiny, tmp_path, *keys, f"--resume={tmp_path / 'checkpoints' / 'step_000001'}"),
+                    state=True)
+    saved = whole.saved[1]
+    if name == "sft":
+        assert saved[2]["sft_order"], "no SFT row left in the epoch's order: the test would not cover it"
+    else:
+        assert any(not t["finish_reason"] for g in saved[1]["scheduler"]["buffer"] for t in g["samples"]), \
+            "no partial trajectory in the buffer: the test would not cover resuming one"
+    assert_same_state(resumed.restored, saved, "restored at step 1")
+    for step in (2, 3):
+        assert_same_state(resumed.saved[step], whole.saved[step], f"saved at step {step}")
+    assert [drop_timing(m) for m in resumed.metrics] == [drop_timing(m) for m in whole.metrics[2:]]
+
+
+def drop_timing(m: dict) -> dict:
+    return {k: v for k, v in m.items() if not k.startswith(TIMING)}
