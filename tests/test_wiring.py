@@ -7,6 +7,7 @@ the key changes the result, and the trainer follows it). State: a run resumed fr
 every piece of Run.state_dict() exactly as saved, and then saves the same states and logs the same metrics as the
 run that was never stopped."""
 import dataclasses
+import functools
 import math
 
 import pytest
@@ -77,16 +78,19 @@ def reference_loss(cfg, u) -> float:
 
 @pytest.fixture(scope="module")
 def runs(world_of_one, tiny, tmp_path_factory):
-    held_out = f"--eval_data={tiny / 'data' / 'eval.jsonl'}"
-    return {name: train(run_args(tiny, tmp_path_factory.mktemp(name), *keys, *([held_out] if name == "rollout" else [])))
-            for name, keys in RUNS.items()}
+    """runs(name) -> that run's Result (tests/fake_rl.py), each run once, when a test first asks for it."""
+    @functools.cache
+    def get(name: str):
+        held_out = [f"--eval_data={tiny / 'data' / 'eval.jsonl'}"] if name == "rollout" else []
+        return train(run_args(tiny, tmp_path_factory.mktemp(name), *RUNS[name], *held_out))
+    return get
 
 
 @pytest.mark.parametrize("name", list(RUNS))
 def test_update_loss_follows_every_key(runs, name):
     """The last update's loss equals the float64 formulas with the run's config, and differs from them with any
     one of the run's keys at its default."""
-    res = runs[name]
+    res = runs(name)
     u, got = res.updates[-1], res.updates[-1].stats["loss"]
     want = reference_loss(res.cfg, u)
     assert abs(got - want) <= 1e-5 * max(1.0, abs(want)), f"{name}: loss {got}, the formulas give {want}"
@@ -100,7 +104,7 @@ def test_update_loss_follows_every_key(runs, name):
 def test_staleness_cap_restarts_buffered_trajectories(runs):
     """copris.staleness_cap=0 (the rollout run): every partial trajectory carried into step 2 is trained on tokens
     of version 1 only (restarted), none extended from its version-0 tokens."""
-    u = runs["rollout"].updates[-1]
+    u = runs("rollout").updates[-1]
     carried = [t for g in u.groups for t in g.samples if (t.prompt_id, t.sample) in u.carried]
     assert carried, "no carried partial trajectory was trained in step 2: the test checks nothing"
     for t in carried:
@@ -110,7 +114,7 @@ def test_staleness_cap_restarts_buffered_trajectories(runs):
 def test_eval_samples_sets_the_k_of_mean_and_pass(runs):
     """eval_samples=3: the step-0 evaluation scores 1 greedy + 3 samples per held-out row; greedy_acc comes from
     the greedy ones, mean@3 and pass@3 from the 3 samples alone."""
-    res, k = runs["rollout"], 3
+    res, k = runs("rollout"), 3
     scores = [s for s, _ in res.pool.calls[0]]  # the first scoring: the evaluation before step 1
     rows = [scores[i:i + k + 1] for i in range(0, len(scores), k + 1)]
     m = res.metrics[0]
