@@ -120,8 +120,8 @@ class Result:
     pool: FakePool
     updates: list = field(default_factory=list)
     metrics: list = field(default_factory=list)  # every line the run logged
-    saved: dict = field(default_factory=dict)  # step -> plain(run.state_dict(step)) as its checkpoint got it
-    restored: dict | None = None  # plain(run.state_dict(step)) right after a resume loaded it
+    saved: dict = field(default_factory=dict)  # step -> snapshot(run, step) as its checkpoint got it
+    restored: dict | None = None  # snapshot(run, step) right after a resume loaded it
 
 
 @functools.lru_cache(maxsize=4)
@@ -140,6 +140,11 @@ def hf_logits(m, rows) -> list[torch.Tensor]:
         ids[i, :len(s)] = torch.tensor(s)
     out = m(input_ids=ids).logits
     return [out[i, len(r.prompt_ids) - 1:len(s) - 1].double() for i, (r, s) in enumerate(zip(rows, seqs))]
+
+
+def snapshot(run, step: int) -> dict:
+    """run.state_dict(step) as {"sharded", "mine", "shared"}, copied with plain()."""
+    return plain(dict(zip(("sharded", "mine", "shared"), run.state_dict(step))))
 
 
 def plain(x):
@@ -198,13 +203,13 @@ def train(argv: list[str], state: bool = False) -> Result:
         return u.stats
 
     def save_checkpoint(run, step):
-        res.saved[step] = plain(run.state_dict(step))
+        res.saved[step] = snapshot(run, step)
         return real_save(run, step)
 
     def resume_or_start(run, ckpt, step0):
         out = real_resume(run, ckpt, step0)
         if ckpt is not None:
-            res.restored = plain(run.state_dict(out))
+            res.restored = snapshot(run, out)
         return out
 
     class Scheduler(trainer.CoprisScheduler):  # keeps what its last collect resumed and returned

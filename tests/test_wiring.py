@@ -144,9 +144,9 @@ def test_resume_restores_every_piece_of_state(world_of_one, tiny, tmp_path, name
                     state=True)
     saved = whole.saved[1]
     if name == "sft":
-        assert saved[2]["sft_order"], "no SFT row left in the epoch's order: the test would not cover it"
+        assert saved["shared"]["sft_order"], "no SFT row left in the epoch's order: the test would not cover it"
     else:
-        assert any(not t["finish_reason"] for g in saved[1]["scheduler"]["buffer"] for t in g["samples"]), \
+        assert any(not t["finish_reason"] for g in saved["mine"]["scheduler"]["buffer"] for t in g["samples"]), \
             "no partial trajectory in the buffer: the test would not cover resuming one"
     assert_same_state(resumed.restored, saved, "restored at step 1")
     for step in (2, 3):
