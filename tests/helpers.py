@@ -9,7 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"}
-TIMING = ("time/", "elapsed_s", "rollout_tok_per_s")  # wall-clock figures differ between runs
+TIMING = ("time/", "elapsed_s", "rollout_tok_per_s", "tools/wait_s")  # wall-clock figures differ between runs
 
 
 def trainer_cmd(nproc: int | None, *args) -> list[str]:

@@ -419,9 +419,9 @@ def frequent_token(model_dir) -> int:
 
 @pytest.mark.slow
 def test_sigkill_with_a_tool_call_pending_then_resume_matches_uninterrupted_run(tiny_tools, tmp_path):
-    """Multi-turn RL (task math_calculator) on the tiny model, answers joining 6 engine steps after their call so
-    that collects end with calls pending: killed after checkpoint 2 (whose buffer holds a trajectory waiting for its
-    tool) and resumed, the run writes the uninterrupted run's metrics exactly; every call is counted by outcome."""
+    """Multi-turn RL (task math_calculator) on the tiny model, answers joining 24 engine steps after their call so
+    that collects end with calls pending: killed after a checkpoint whose buffer holds a trajectory waiting for its
+    tool, and resumed, the run writes the uninterrupted run's metrics exactly; every call is counted by outcome."""
     import subprocess
     import sys
     import shutil
@@ -432,21 +432,26 @@ def test_sigkill_with_a_tool_call_pending_then_resume_matches_uninterrupted_run(
     env = {**ENV, "CALL_END_ID": str(frequent_token(tiny_tools / "model"))}
 
     def cmd(run_dir, *more):
-        args = rl_args(tiny_tools, run_dir, f"--train_data={data}", "--max_response_len=96", "--tools.tool_steps=6",
-                       "--tools.max_obs_tokens=8", "--tools.workers=1", *more)
+        args = rl_args(tiny_tools, run_dir, f"--train_data={data}", "--max_response_len=96", "--tools.tool_steps=24",
+                       "--tools.max_obs_tokens=8", "--tools.workers=1", "--keep_checkpoints=10", *more)
         return [sys.executable, "tests/episode_trainer.py", *args]
     p = subprocess.run(cmd(tmp_path / "ref"), cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     want = metrics(tmp_path / "ref")
     assert sum(r.get("tools/malformed", 0) for r in want) > 0 and all("tools/turns_mean" in r for r in want[1:])
+
+    def pending(ckpt) -> bool:
+        state = torch.load(ckpt / "rank0.pt", weights_only=False)
+        return any(t["pending"] for g in state["scheduler"]["buffer"] for t in g["samples"])
+    at = next((c.name for c in sorted((tmp_path / "ref" / "checkpoints").glob("step_*"))[:-1] if pending(c)), None)
+    assert at, "no checkpoint before the last holds a trajectory waiting for its tool"
     proc = subprocess.Popen(cmd(tmp_path / "killed"), cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-    wait_for(tmp_path / "killed" / "checkpoints" / "step_000002" / "manifest.json", proc)
+    wait_for(tmp_path / "killed" / "checkpoints" / at / "manifest.json", proc)
     kill_tree(proc)
-    state = torch.load(tmp_path / "killed" / "checkpoints" / "step_000002" / "rank0.pt", weights_only=False)
-    assert any(t["pending"] for g in state["scheduler"]["buffer"] for t in g["samples"]), "no pending call buffered"
+    assert pending(tmp_path / "killed" / "checkpoints" / at)
     for c in (tmp_path / "killed" / "checkpoints").glob("step_*"):
-        if c.name > "step_000002":
+        if c.name > at:
             shutil.rmtree(c)
     p = subprocess.run(cmd(tmp_path / "killed", "--resume=auto"), cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=600)
