@@ -353,6 +353,7 @@ class _Linter(ast.NodeVisitor):
                                 if a.annotation and self.resolve(a.annotation) == "triton.language.constexpr"}
                            for fn in self.kernels.values()}
         self.own_attrs = set()     # attributes the class being visited assigns on its methods' first parameter
+        self.grids = {}            # (id of a scope, name) -> whether the name is a grid there
         self.annotations = set()   # ids of the nodes inside annotations
         for node in ast.walk(self.module):
             found = node.annotation if isinstance(node, (ast.arg, ast.AnnAssign)) else \
@@ -564,23 +565,25 @@ class _Linter(ast.NodeVisitor):
     def _names(self, bound: set) -> None:
         """Every name a scope reads from the globals (symtable: Python's own scoping) is bound by the module or
         is one of _BUILTINS: after a launch the interpreter copies its own globals (np, inspect, ...) into this
-        module for every name the file does not bind."""
-        todo = [symtable.symtable(ast.unparse(self.module), "candidate.py", "exec")]
-        seen = set()
-        while todo:
+        module for every name the file does not bind. Flags the first such builtin and the first other name."""
+        todo, unbound = [symtable.symtable(ast.unparse(self.module), "candidate.py", "exec")], {}
+        while todo and len(unbound) < 2:
             table = todo.pop()
             todo.extend(table.get_children())
             for sym in table.get_symbols():
                 name = sym.get_name()
-                if sym.is_referenced() and sym.is_global() and name not in bound | _BUILTINS | seen:
-                    seen.add(name)
-                    where = next((n for n in ast.walk(self.module) if isinstance(n, ast.Name) and n.id == name),
-                                 self.module)
-                    if hasattr(builtins, name):
-                        self.flag("lint_forbidden_call", where, f"uses builtin {name}")
-                    else:
-                        self.flag("lint_name", where, f"{name} is not bound in the file (not an import, definition "
-                                  "or assignment of it)")
+                if sym.is_referenced() and sym.is_global() and name not in bound | _BUILTINS:
+                    unbound.setdefault(hasattr(builtins, name), name)
+        for node in ast.walk(self.module) if unbound else ():
+            if isinstance(node, ast.Name) and node.id in unbound.values():
+                if hasattr(builtins, node.id):
+                    self.flag("lint_forbidden_call", node, f"uses builtin {node.id}")
+                else:
+                    self.flag("lint_name", node, f"{node.id} is not bound in the file (not an import, definition "
+                              "or assignment of it)")
+                unbound = {k: v for k, v in unbound.items() if v != node.id}
+                if not unbound:
+                    break
 
     def _import_time(self) -> None:
         """Code that runs while the module imports calls only API names and builtins and names no function or
@@ -747,14 +750,20 @@ class _Linter(ast.NodeVisitor):
 
     def _grid(self, expr, scope) -> bool:
         """A tuple of size expressions, a one-argument lambda returning one, or a name that its scope (else the
-        module) binds only to those."""
+        module) binds only to those (remembered per scope and name)."""
+        if isinstance(expr, ast.Name):
+            key = (id(scope), expr.id)
+            if key not in self.grids:
+                self.grids[key] = self._grid_name(expr, scope)
+            return self.grids[key]
         if isinstance(expr, ast.Tuple):
             return all(self._size(e, None) for e in expr.elts)
         if isinstance(expr, ast.Lambda):
             return self._lambda(expr, lambda body, meta: isinstance(body, ast.Tuple) and
                                 all(self._size(e, meta) for e in body.elts))
-        if not isinstance(expr, ast.Name):
-            return False
+        return False
+
+    def _grid_name(self, expr: ast.Name, scope) -> bool:
         if not isinstance(scope, ast.Module) and expr.id not in _local_names(scope):
             scope = self.module
         stores = [n for n in ast.walk(scope) if isinstance(n, ast.Name) and n.id == expr.id and
