@@ -7,7 +7,8 @@ it runs (result files forged to make the parent allocate included). An attack's 
 the fix (c0600cc) gave it: "1.0" where it scored. The static attacks and one run per class of the others are in
 the quick suite; the remaining runs are slow. Unit tests: the allowed names reach no module, evaluator or frame
 (class 7), the linter's copy of Triton's source re-read matches Triton's own (3), a forged result parses in small
-memory (6), the harness refuses launch arguments a kernel body could compute with (4).
+memory (6), the harness refuses launch arguments a kernel body could compute with (4), the linter's time grows
+linearly with the code.
 """
 import importlib
 import inspect
@@ -140,6 +141,20 @@ def test_linter_reads_the_text_triton_compiles(tmp_path):
             assert triton_kernel._triton_sources(lines, fn)[1:] == triton_reads[fn.name], (cid, fn.name)
             same = triton_kernel._same_function(triton_reads[fn.name][0], fn)
             assert same == (cid != attack.id), (cid, fn.name)
+
+
+def test_linter_time_grows_linearly():
+    """The linter runs in the trainer's process without a timeout: 2000 launches with a named grid and 2000
+    unbound names (about 100 KB each) lint in seconds (quadratic passes took minutes)."""
+    import time
+    from triton_corpus.attacks import LAUNCH_NOTHING, relu_model
+    launches = relu_model("out = torch.empty_like(x)\ngrid = (1,)\n" +
+                          "copy_kernel[grid](x, out, 0, BLOCK=16)\n" * 2000 + "return out")
+    unbound = relu_model(LAUNCH_NOTHING + "".join(f"y{i} = z{i}\n" for i in range(2000)) + "return out")
+    for code, reason in [(launches, None), (unbound, "lint_name")]:
+        t0 = time.monotonic()
+        assert lint(code)[0] == reason
+        assert time.monotonic() - t0 < 10
 
 
 def _cases(n_cases: int = 3) -> list:
