@@ -29,29 +29,37 @@ def roll_logprob(seed: int, k: int) -> float:
 class FakeEngine:
     """The RolloutEngine calls trainer.py makes. A request with seed s emits, one per step, token
     5 + (7 s + 13 k) % 300 at its k-th position with log-prob roll_logprob(s, k), and stops after 2 + s % 9 tokens
-    or at max_tokens. Every request's sampling params are kept in `params`."""
+    (its last one the tool-call end token when that is one of its stop tokens: every segment of an episode ends in a
+    call) or at max_tokens. Kept: every request's sampling params (`params`), and the step index at which each
+    request was added (`added`) and finished (`finished`), steps counted from 0 over the engine's life."""
     holds_weights = True
 
     def __init__(self):
-        self.running, self.params, self.pushes = {}, [], 0
+        self.running, self.params, self.added, self.finished, self.steps, self.pushes = {}, [], {}, {}, 0, 0
 
     @staticmethod
     def sampling(max_tokens, temperature, top_p, seed, stop_token_ids, ignore_eos=False) -> dict:
-        return {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "seed": seed or 0}
+        return {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "seed": seed or 0,
+                "stop": list(stop_token_ids)}
 
     def add(self, req_id, prompt_ids, params):
         self.params.append(params)
         self.running[req_id] = (params, [])
+        self.added[req_id] = self.steps
 
     def step(self) -> list[Delta]:
         out = []
         for rid, (p, toks) in list(self.running.items()):
             s, k = p["seed"], len(toks)
-            toks.append(VOCAB_LO + (7 * s + 13 * k) % VOCAB_SPAN)
-            reason = "stop" if len(toks) >= 2 + s % 9 else "length" if len(toks) >= p["max_tokens"] else None
+            stop_len = 2 + s % 9
+            call = len(p["stop"]) > 1 and k + 1 == stop_len  # stop: [eos, the call-end token] for episodes
+            toks.append(p["stop"][-1] if call else VOCAB_LO + (7 * s + 13 * k) % VOCAB_SPAN)
+            reason = "stop" if len(toks) >= stop_len else "length" if len(toks) >= p["max_tokens"] else None
             if reason:
                 del self.running[rid]
+                self.finished[rid] = self.steps
             out.append(Delta(rid, [toks[-1]], [roll_logprob(s, k)], reason is not None, reason))
+        self.steps += 1
         return out
 
     def abort(self, req_ids):

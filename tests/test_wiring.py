@@ -8,6 +8,7 @@ every piece of Run.state_dict() exactly as saved, and then saves the same states
 run that was never stopped."""
 import dataclasses
 import functools
+import json
 import math
 
 import pytest
@@ -156,3 +157,27 @@ def test_resume_restores_every_piece_of_state(world_of_one, tiny, tmp_path, name
 
 def drop_timing(m: dict) -> dict:
     return {k: v for k, v in m.items() if not k.startswith(TIMING)}
+
+
+def test_tools_keys_shape_the_episodes(world_of_one, tiny, tiny_tools, tmp_path):
+    """Calculator episodes (every segment of the fake model ends in a tool call) with tools.max_turns=2,
+    max_obs_tokens=8, tool_steps=3: each episode stops after its 2nd call (max_turns), each tool answer is cut at 8
+    tokens (the observation says so), and the segment after a call starts 3 engine steps after it at the soonest
+    (the engine stays busy with other requests; later when no slot is free): the defaults 4, 256 and 1 would give
+    longer episodes, whole answers and 1 step."""
+    from transformers import AutoTokenizer
+    data = tmp_path / "calc.jsonl"
+    data.write_text("".join(json.dumps({**json.loads(line), "task": "math_calculator"}) + "\n"
+                            for line in open(tiny / "data" / "rl_train.jsonl")))
+    res = train(run_args(tiny, tmp_path, f"--model_path={tiny_tools / 'model'}", f"--train_data={data}",
+                         "--max_response_len=96", "--tools.max_turns=2", "--tools.max_obs_tokens=8",
+                         "--tools.tool_steps=3", "--tools.workers=1"))
+    tok = AutoTokenizer.from_pretrained(tiny_tools / "model")
+    trajs = [t for g in res.updates[0].groups for t in g.samples]
+    assert all(t.calls <= 2 for t in trajs) and {t.finish_reason for t in trajs if t.calls == 2} == {"max_turns"}
+    assert any(t.calls == 2 for t in trajs), f"no episode made 2 calls: {[t.calls for t in trajs]}"
+    observations = [tok.decode(t.tokens[a:b]) for t in trajs for a, b in t.obs_spans]
+    assert observations and all("[output truncated:" in o for o in observations), observations
+    ids = [(f"p{t.prompt_id}-s{t.sample}-g", j) for t in trajs for j in range(len(t.obs_spans))]
+    joins = [res.engine.added[f"{rid}{j + 1}"] - res.engine.finished[f"{rid}{j}"] for rid, j in ids]
+    assert joins and min(joins) == 3, joins
