@@ -141,7 +141,9 @@ def _field_comments(cls) -> dict[str, str]:
 def help_text(cls) -> str:
     """Every key, grouped by section: --key=<type> (default) comment."""
     lines = ["usage: python trainer.py [--nproc_per_node=N] [--config FILE.yaml] [--key=value ...]",
-             "       torchrun --nproc_per_node N trainer.py [--config FILE.yaml] [--key=value ...]", ""]
+             "       torchrun --nproc_per_node N trainer.py [--config FILE.yaml] [--key=value ...]",
+             "A data row's `task` picks its scorer, row check and environment in tasks.py (the task table); the manual is",
+             "docs/ (README.md links every page).", ""]
 
     def walk(c, prefix: str):
         hints, comments, sections = typing.get_type_hints(c), _field_comments(c), []

@@ -11,7 +11,7 @@ rounds that alternate the two paths, so both see the same load on a shared machi
 in a fresh subprocess, peak RSS during the call (VmHWM reset just before) minus RSS before it (inputs allocated);
 the fwd+bwd figure includes the dlogits both paths must return, and "beyond dlogits" subtracts its N*V*elt bytes.
 CPU, fused lm_head -> PPO loss: fused_linear_ppo_loss against the unfused path (logits = h @ W.T, then
-fused_logits_ppo_loss's CPU path, token_logprobs + ppo_loss, as the trainer runs today), forward+backward into fp32
+fused_logits_ppo_loss's CPU path, token_logprobs + ppo_loss; the trainer itself runs the fused op), forward+backward into fp32
 leaves h (T, H) and W (V, H) at T=4096, H=896, V=151936 (Qwen2.5-0.5B's head: logits are 2.5 GB in fp32). Each
 path runs once in a fresh subprocess: peak RSS growth during the call as above, its wall time and its CPU time.
 CUDA: triton.testing.do_bench median (p20, p80) for T x V x dtype, forward-only and forward+backward, for the
