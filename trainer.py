@@ -234,8 +234,8 @@ class Run:
 
     # fields state_dict() leaves out on purpose: rebuilt from the config, or derived (tests check the list)
     STATELESS = ("cfg", "rank", "world", "device", "run_dir", "tok", "ref", "engine", "eg", "pool", "episodes",
-                 "eval_rows",
-                 "keep_group", "push", "fill_old", "correct", "fresh", "agg", "sft_data", "engine_version", "sinks")
+                 "eval_rows", "keep_group", "push", "fill_old", "correct", "fresh", "agg", "sft_data", "engine_version",
+                 "sinks")
 
     def __post_init__(self):
         """Strategies that follow from the config alone."""
@@ -580,7 +580,8 @@ def ppo_head(cfg: Config, targets, old, adv, w, ref, on_policy):
 def step_metrics(run: Run, version: int, trajs, rewards, reasons: dict, rstats, seconds: dict) -> dict:
     """Rollout and reward figures of one step, summed over ranks (an engine's figures: over engine groups)."""
     lengths = [len(tr.tokens) for tr in trajs]
-    off_policy = sum(v != version for tr in trajs for v in tr.versions)  # tokens sampled by an older policy
+    off_policy = sum(v != version and m for tr in trajs for v, m in zip(tr.versions, tr.model_mask()))  # model tokens
+    # sampled by an older policy
     buffered = sum(len(tr.tokens) for g in run.scheduler.buffer for tr in g.samples)
     t = run.eg.size  # each of an engine group's t ranks adds 1/t of the engine's figures
     (reward, n, tokens, truncated, new_tokens, off_policy, timeouts, errors, buffered, dropped) = all_sum(
