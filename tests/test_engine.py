@@ -1,5 +1,6 @@
-"""The vLLM engine next to an FSDP2 policy: weight push parity, tokenizer parity, DELTA accumulation; the same
-with the engine sharded over 2 torchrun ranks (tensor parallel 2) next to a 2-rank FSDP2 policy.
+"""The vLLM engine next to an FSDP2 policy: weight push parity (prefix cache included), tokenizer parity, DELTA
+accumulation; the same with the engine sharded over 2 torchrun ranks (tensor parallel 2) next to a 2-rank FSDP2
+policy.
 
 Runs in a subprocess: vLLM and torch.distributed keep process-wide state."""
 import json
@@ -24,10 +25,20 @@ tok = AutoTokenizer.from_pretrained(model_dir)
 text = "Ann has 3 apples. Ann gets 14 more. How many apples now? Answer: 3+14=17. \\boxed{17}"
 ids = tok(text, add_special_tokens=False)["input_ids"]
 out = {"trainer_ids": ids, "engine_ids": engine.llm.get_tokenizer()(text, add_special_tokens=False)["input_ids"]}
+cached = [5 + (7 * i) % 300 for i in range(200)]  # over one KV block (128 tokens on CPU): its first block is cached
+
+def cached_prompt_max_diff():
+    """Sample 8 tokens after `cached`: the largest |engine - trainer| log-prob of them."""
+    toks, lps = engine.generate([cached], [engine.sampling(8, 1.0, 1.0, 5, [], ignore_eos=True)])[0]
+    with torch.no_grad():
+        (logp,) = model.response_logprobs(policy, [model.Row(cached, toks)], device, temperature=1.0)
+    return (logp.double() - torch.tensor(lps, dtype=torch.float64)).abs().max().item()
+cached_prompt_max_diff()  # its blocks now hold the checkpoint's KV
 with torch.no_grad():  # move the policy away from the checkpoint the engine loaded
     for p in policy.parameters():
         p.add_(torch.randn_like(p) * 0.02)
 engine.push_weights(model.full_named_tensors(policy))
+out["cached_prompt_max_diff"] = cached_prompt_max_diff()  # served from the new weights, prefix cache included
 row = model.Row(ids[:5], ids[5:])
 with torch.no_grad():
     (logp,) = model.response_logprobs(policy, [row], device, temperature=1.0)
@@ -62,6 +73,13 @@ with torch.no_grad():
     (logp,) = model.response_logprobs(policy, [row], device, temperature=1.0)
 v = torch.tensor(engine.prompt_logprobs(ids)[4:], dtype=torch.float64)
 out["after_update_max_diff"] = (logp.double() - v).abs().max().item()
+cached_prompt_max_diff()
+with torch.no_grad():  # control: new weights loaded as a push does, without its prefix-cache reset
+    for p in policy.parameters():
+        p.add_(torch.randn_like(p) * 0.02)
+engine.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": model.full_named_tensors(policy),
+                                                    "is_checkpoint_format": True})
+out["stale_cache_max_diff"] = cached_prompt_max_diff()
 engine.shutdown()
 open(f"{out_dir}/rank{rank}.json", "w").write(json.dumps(out))  # one file per rank: stdout lines interleave
 '''
@@ -85,6 +103,8 @@ def parity(tiny, tmp_path, launcher: list[str], tp: int) -> dict[int, dict]:
         assert out["tokens_in_a_batch"] == out["tokens"], f"rank {rank}: the seed's tokens changed with the batch"
         assert out["changed"] and out["grad_norm"] > 0 and out["version"] == 1, (rank, out["changed"], out["grad_norm"])
         assert out["after_update_max_diff"] < TOL, (rank, out)
+        assert out["cached_prompt_max_diff"] < TOL, f"rank {rank}: a prompt cached before the push: {out}"
+        assert out["stale_cache_max_diff"] > 1e-3, f"rank {rank}: the control reads no stale cache: {out}"
         assert out["push_bytes"] == out["param_bytes"], f"rank {rank}: pushed {out['push_bytes']} of {out['param_bytes']} bytes"
     return results
 

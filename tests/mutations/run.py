@@ -113,7 +113,7 @@ MUTANTS = [
      ["tests/test_e2e.py", "-k", "tensor_parallel"]),
     ("engine keeps its prefix cache after a weight push", "rollout/vllm_engine.py",
      "        self.llm.reset_prefix_cache()\n        self.holds_weights = True", "        self.holds_weights = True",
-     ["tests/test_prefix_cache.py"]),
+     ["tests/test_engine.py", "-k", "parity_and_tokenizer"]),
     ("LoRA reference keeps the adapter on", "trainer.py", "    with adapter_disabled(run.ref):\n",
      "    with torch.no_grad():\n", ["tests/test_lora.py", "-k", "reference"]),
     ("packed attention scatters the padding", "kernels/packed_attention.py",
