@@ -154,9 +154,18 @@ class CoprisScheduler:
             tools += [(self.episodes.tool_steps, self._call(t, g.row), t) for t in g.samples if t.pending]
         waiting = [t for g in open_groups for t in g.samples if not t.finished and not t.pending]  # resumed first
         running: dict[str, Trajectory] = {}
-        while len(done) < self.groups:
+        while True:
             if tools and tools[0][0] <= clock:
-                waiting[:0] = self._answer(tools, clock, version)
+                waiting[:0] = self._answer(tools, clock, version)  # may finish trajectories (length)
+            still_open = []
+            for g in open_groups:
+                if not g.complete:
+                    still_open.append(g)
+                elif self._accept(g, keep_group, max_dropped, engine, running):
+                    done.append(g)
+            open_groups = still_open
+            if len(done) >= self.groups:
+                break
             # sync mode: a new group only while fewer than B are open or kept (a rejected one is replaced)
             while len(running) < self.P and (waiting or self.enabled or len(open_groups) + len(done) < self.groups):
                 if not waiting:
@@ -197,13 +206,6 @@ class CoprisScheduler:
                 else:
                     t.finish_reason = d.finish_reason or "stop"
             clock += 1
-            still_open = []
-            for g in open_groups:
-                if not g.complete:
-                    still_open.append(g)
-                elif self._accept(g, keep_group, max_dropped, engine, running):
-                    done.append(g)
-            open_groups = still_open
         engine.abort(list(running))
         for _, ticket, _ in tools:  # buffered with pending: their calls run again at the next collect
             self.episodes.discard(ticket)

@@ -346,10 +346,13 @@ def test_max_turns_and_length_end_episodes():
             assert t.finish_reason == "max_turns" and t.calls == 2 and len(t.obs_spans) == 1
         else:
             check_episode(t)
-    groups, _ = sched(FakeEpisodes(), groups=3, concurrency=8, max_len=6).collect(ToolModelEngine(), Prompts(), 0)
-    for t in (t for g in groups for t in g.samples):
-        assert len(t.tokens) <= 6 and t.finish_reason in ("stop", "length")
-        assert t.tokens == episode(t.prompt_id, t.sample)[0][:len(t.tokens)]
+    for enabled in (True, False):  # an answer that does not fit ends its trajectory, whatever else is running
+        groups, _ = sched(FakeEpisodes(), groups=3, concurrency=8, max_len=6, enabled=enabled).collect(
+            ToolModelEngine(), Prompts(), 0)
+        assert len(groups) == 3
+        for t in (t for g in groups for t in g.samples):
+            assert len(t.tokens) <= 6 and t.finish_reason in ("stop", "length")
+            assert t.tokens == episode(t.prompt_id, t.sample)[0][:len(t.tokens)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -421,24 +424,28 @@ def frequent_token(model_dir) -> int:
 def test_sigkill_with_a_tool_call_pending_then_resume_matches_uninterrupted_run(tiny_tools, tmp_path):
     """Multi-turn RL (task math_calculator) on the tiny model, answers joining 24 engine steps after their call so
     that collects end with calls pending: killed after a checkpoint whose buffer holds a trajectory waiting for its
-    tool, and resumed, the run writes the uninterrupted run's metrics exactly; every call is counted by outcome."""
+    tool, and resumed, the run writes the uninterrupted run's metrics exactly (held-out evaluation through the same
+    environment included); every call is counted by outcome; --mode=eval writes every turn of every completion."""
     import subprocess
     import sys
     import shutil
     from helpers import ENV, ROOT, kill_tree, metrics, rl_args, wait_for
-    data = tmp_path / "calc.jsonl"
-    data.write_text("".join(json.dumps({**json.loads(line), "task": "math_calculator"}) + "\n"
-                            for line in open(tiny_tools / "data" / "rl_train.jsonl")))
+    data, held_out = tmp_path / "calc.jsonl", tmp_path / "calc_eval.jsonl"
+    for src, dst in (("rl_train", data), ("eval", held_out)):
+        dst.write_text("".join(json.dumps({**json.loads(line), "task": "math_calculator"}) + "\n"
+                               for line in open(tiny_tools / "data" / f"{src}.jsonl")))
     env = {**ENV, "CALL_END_ID": str(frequent_token(tiny_tools / "model"))}
 
     def cmd(run_dir, *more):
-        args = rl_args(tiny_tools, run_dir, f"--train_data={data}", "--max_response_len=96", "--tools.tool_steps=24",
-                       "--tools.max_obs_tokens=8", "--tools.workers=1", "--keep_checkpoints=10", *more)
+        args = rl_args(tiny_tools, run_dir, f"--train_data={data}", f"--eval_data={held_out}", "--eval_samples=2",
+                       "--max_response_len=96", "--tools.tool_steps=24", "--tools.max_obs_tokens=8",
+                       "--tools.workers=1", "--keep_checkpoints=10", *more)
         return [sys.executable, "tests/episode_trainer.py", *args]
     p = subprocess.run(cmd(tmp_path / "ref"), cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     want = metrics(tmp_path / "ref")
     assert sum(r.get("tools/malformed", 0) for r in want) > 0 and all("tools/turns_mean" in r for r in want[1:])
+    assert {"eval/tool_call_rate", "eval/mean@2"} <= set(want[0]) and "eval/tool_call_rate" in want[-1]
 
     def pending(ckpt) -> bool:
         state = torch.load(ckpt / "rank0.pt", weights_only=False)
@@ -460,3 +467,10 @@ def test_sigkill_with_a_tool_call_pending_then_resume_matches_uninterrupted_run(
     assert len(got) == len(want)
     for w, g in zip(want, got):
         assert g == w, f"step {w['step']}: " + str({k: (w[k], g.get(k)) for k in w if g.get(k) != w[k]})
+    p = subprocess.run(cmd(tmp_path / "eval", "--mode=eval", f"--model_path={tmp_path / 'ref' / 'export'}"),
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    samples = [json.loads(line) for line in open(tmp_path / "eval" / "eval_samples.jsonl")]
+    turns = [s["turns"] for s in samples if "turns" in s]
+    assert any(t["role"] == "tool" for ts in turns for t in ts), "no completion of the evaluation called a tool"
+    assert all(ts[0]["role"] == "model" and all(a["role"] != b["role"] for a, b in zip(ts, ts[1:])) for ts in turns)
