@@ -3,9 +3,10 @@ process with a fake engine and reward pool, about a second a run).
 
 Keys: each run changes several keys from their defaults at once; the update's loss must equal the float64 formulas
 evaluated with the run's config, and must not equal them with any one of those keys put back to its default (so
-the key changes the result, and the trainer follows it). State: a run resumed from its step-1 checkpoint restores
-every piece of Run.state_dict() exactly as saved, and then saves the same states and logs the same metrics as the
-run that was never stopped."""
+the key changes the result, and the trainer follows it). staleness_cap, eval_samples and tools.* are checked by
+what they shape: restarted trajectories, the held-out figures, the episodes. State: a run resumed from its step-1
+checkpoint restores every piece of Run.state_dict() exactly as saved, then saves the same states and logs the same
+metrics as the run that was never stopped; the CUDA generator's way through a checkpoint is checked with a stand-in."""
 import dataclasses
 import functools
 import json
@@ -13,12 +14,14 @@ import math
 
 import pytest
 import torch
+from transformers import AutoTokenizer
 
+import trainer
 from fake_rl import advantages_fp64, assert_same_state, run_args, train
 from helpers import TIMING
 from test_mismatch import reference_weights
 
-# run -> the keys it changes (the first three are the defaults' alternatives the reference must follow)
+# run -> the keys it changes from their defaults (KEYS: those its update's loss depends on)
 RUNS = {
     # old log-probs from the engine: ratios far from 1, so every clip bound and the dual clip act; 2 steps, so the
     # second update's policy differs from the initial model (k3 KL > 0)
@@ -127,7 +130,7 @@ def test_eval_samples_sets_the_k_of_mean_and_pass(runs):
         assert math.isclose(m[key], v, abs_tol=1e-9), f"{key}: {m[key]} vs {v}"
 
 
-RESUMES = {  # LR warm-up over the steps, so a schedule that restarts changes the learning rate
+RESUMES = {  # the test adds LR warm-up over the 3 steps: a schedule that restarts would change the learning rate
     "rl-prime": ("--prime.enabled=true", "--prime.filter_low=0", "--prime.filter_high=1", "--prime.lr=1e-3"),
     "sft": ("--mode=sft", "--sft_epochs=0", "--sft_batch_rows=16", "--max_response_len=96"),
 }
@@ -165,7 +168,6 @@ def test_tools_keys_shape_the_episodes(world_of_one, tiny, tiny_tools, tmp_path)
     tokens (the observation says so), and the segment after a call starts 3 engine steps after it at the soonest
     (the engine stays busy with other requests; later when no slot is free): the defaults 4, 256 and 1 would give
     longer episodes, whole answers and 1 step."""
-    from transformers import AutoTokenizer
     data = tmp_path / "calc.jsonl"
     data.write_text("".join(json.dumps({**json.loads(line), "task": "math_calculator"}) + "\n"
                             for line in open(tiny / "data" / "rl_train.jsonl")))
@@ -181,3 +183,16 @@ def test_tools_keys_shape_the_episodes(world_of_one, tiny, tiny_tools, tmp_path)
     ids = [(f"p{t.prompt_id}-s{t.sample}-g", j) for t in trajs for j in range(len(t.obs_spans))]
     joins = [res.engine.added[f"{rid}{j + 1}"] - res.engine.finished[f"{rid}{j}"] for rid, j in ids]
     assert joins and min(joins) == 3, joins
+
+
+def test_checkpoint_carries_the_cuda_generator(world_of_one, tmp_path, monkeypatch):
+    """On CUDA a checkpoint holds the device's generator (LoRA dropout draws from it) and a resume gives it back:
+    what torch.cuda.get_rng_state returned at save is what torch.cuda.set_rng_state gets at load, for the run's
+    device (CPU stand-in: both recorded, the run's device said to be cuda:0)."""
+    saved, restored = torch.tensor([7, 1, 7], dtype=torch.uint8), []
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device: saved)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device: restored.append((state, device)))
+    cfg, policy, cuda = trainer.Config(), torch.nn.Linear(3, 2), torch.device("cuda", 0)
+    run = trainer.Run(cfg, 0, 1, cuda, tmp_path, None, policy, *trainer.make_optimizer(cfg, policy, 10))
+    trainer.load_checkpoint(run, trainer.save_checkpoint(run, 1))
+    assert len(restored) == 1 and torch.equal(restored[0][0], saved) and restored[0][1] == cuda, restored
