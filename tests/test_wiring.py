@@ -131,7 +131,9 @@ def test_eval_samples_sets_the_k_of_mean_and_pass(runs):
 
 
 RESUMES = {  # the test adds LR warm-up over the 3 steps: a schedule that restarts would change the learning rate
-    "rl-prime": ("--prime.enabled=true", "--prime.filter_low=0", "--prime.filter_high=1", "--prime.lr=1e-3"),
+    # PRIME's reference: the rollout policy's old log-probs (so they must be computed before the update)
+    "rl-prime": ("--prime.enabled=true", "--prime.ref=policy", "--prime.filter_low=0", "--prime.filter_high=1",
+                 "--prime.lr=1e-3"),
     "sft": ("--mode=sft", "--sft_epochs=0", "--sft_batch_rows=16", "--max_response_len=96"),
 }
 
@@ -146,6 +148,7 @@ def test_resume_restores_every_piece_of_state(world_of_one, tiny, tmp_path, name
     whole = train(run_args(tiny, tmp_path, *keys), state=True)
     resumed = train(run_args(tiny, tmp_path, *keys, f"--resume={tmp_path / 'checkpoints' / 'step_000001'}"),
                     state=True)
+    assert all(math.isfinite(m.get("grad_norm", 0.0)) for m in whole.metrics), "an update was skipped"
     saved = whole.saved[1]
     if name == "sft":
         assert saved["shared"]["sft_order"], "no SFT row left in the epoch's order: the test would not cover it"

@@ -36,6 +36,8 @@ MUTANTS = [
     ("correction without old log-probs computed before the update", "trainer.py",
      'upfront = cfg.mini_batches > 1 or cfg.correction.mode != "none" or', "upfront = cfg.mini_batches > 1 or",
      ["tests/test_wiring.py", "-k", "correction"]),
+    ("PRIME ref=policy without old log-probs computed before the update", "trainer.py",
+     '(cfg.prime.enabled and cfg.prime.ref == "policy")', "False", ["tests/test_wiring.py", "-k", "resume"]),
     ("checkpoint keeps the CPU generators only (not CUDA's)", "trainer.py", "mine = rng_state(self.device)",
      'mine = rng_state(torch.device("cpu"))', ["tests/test_wiring.py", "-k", "cuda"]),
     ("resume leaves the LR schedule at its start", "trainer.py", '        self.sched.load_state_dict(shared["sched"])\n',
