@@ -105,6 +105,15 @@ def test_update_loss_follows_every_key(runs, name):
     assert sampled == {res.cfg.temperature}, f"{name}: the engine sampled at {sampled}"
 
 
+def test_second_mini_batch_is_clipped_against_the_policy_that_sampled_it(world_of_one, tiny, tmp_path):
+    """mini_batches=2 (trainer old log-probs): every row reaches the update with old log-probs already those of the
+    policy before it, so the second mini-batch, trained after the first optimizer step, is not its own old policy."""
+    u = train(run_args(tiny, tmp_path, "--mini_batches=2")).updates[0]
+    for i, (r, z) in enumerate(zip(u.rows, u.logits)):
+        want = torch.log_softmax(z, -1).gather(1, torch.tensor(r.response)[:, None])[:, 0]
+        assert torch.allclose(r.old_logp.double(), want, atol=1e-5), f"row {i}: old {r.old_logp}, policy {want}"
+
+
 def test_staleness_cap_restarts_buffered_trajectories(runs):
     """copris.staleness_cap=0 (the rollout run): every partial trajectory carried into step 2 is trained on tokens
     of version 1 only (restarted), none extended from its version-0 tokens."""
