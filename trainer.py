@@ -350,6 +350,9 @@ def rl_step(run: Run, step: int) -> dict:
             m = model_tokens(r)
             r.weight = torch.zeros(len(r.response)).index_put_((m,), run.correct(r.old_logp[m],
                                                                                   torch.tensor(tr.logprobs)[m]))
+            if not torch.isfinite(r.weight).all():  # nan: the old log-probs were not computed before the update
+                raise RuntimeError("mismatch correction weights are not finite: old log-probs missing before the "
+                                   "update (old_logprob_strategy must compute them upfront with a correction)")
     with t("update"):  # 7. PPO over mini_batches optimizer steps; fills the old log-probs the update computed
         ustats = policy_update(run, rows)
     mem.peak("train_peak")
