@@ -53,7 +53,7 @@ ROWS = {  # (file content: str for jsonl, bytes for a raw file) -> message
     "not_object": ('[1, 2]\n', "d.jsonl:1: expected an object, got list"),
     "empty_prompt": ('{"prompt": "", "answer": "1"}\n', "d.jsonl:1: 'prompt' must be a non-empty string"),
     "bad_messages": ('{"prompt": [{"role": "user"}], "answer": "1"}\n', "d.jsonl:1: 'prompt' must be"),
-    "answer_type": ('{"prompt": "a", "answer": {"x": 1}}\n', "d.jsonl:1: 'answer' must be a string or a number"),
+    "answer_type": ('{"prompt": "a", "answer": {"x": 1}}\n', "d.jsonl:1: 'answer' must be a non-empty string or a number"),
     "verl_no_truth": ('{"prompt": "a", "reward_model": {"style": "rule"}}\n', "d.jsonl:1: reward_model must be"),
     "task_type": ('{"prompt": "a", "task": ["math"]}\n', "d.jsonl:1: unknown task ['math']"),
     "code_tests": ('{"prompt": "a", "task": "code", "tests": "assert f(1) == 2"}\n', "d.jsonl:1: 'tests' must be"),
