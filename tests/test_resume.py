@@ -29,6 +29,7 @@ def kill_and_resume(cmd_for, run_dir, steps_key="step"):
     return p.stdout
 
 
+@pytest.mark.slow  # ~100 s; make test's quick loop checks every piece of resumed state in-process (test_wiring.py)
 @pytest.mark.parametrize("name, nproc, extra", [
     ("grpo-2ranks", 2, []),
     pytest.param("prime-1rank", 1, ["--prime.enabled=true", "--prime.filter_low=0", "--prime.filter_high=1",
