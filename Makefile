@@ -54,7 +54,7 @@ demo-tools: install
 	$(PY) trainer.py --nproc_per_node $(NPROC) --config configs/demo_tools.yaml --overwrite=true \
 	  --train_data=$(TOOLS)/data/rl_plain.jsonl --eval_data=$(TOOLS)/data/eval_plain.jsonl --run_dir=$(TOOLS)/rl_plain
 
-# The quick loop (about 6 min): every test but those marked slow. test-slow: the slow ones (about 13 min: resume of
+# The quick loop (about 7 min): every test but those marked slow. test-slow: the slow ones (about 20 min: resume of
 # PRIME/LoRA/TP runs, signals, end to end, LoRA, every shipped Triton solution). CI runs both; test-all: one go.
 test: install
 	$(PY) -m pytest -q tests -m "not slow"
@@ -65,7 +65,7 @@ test-slow: install
 test-all: install
 	$(PY) -m pytest -q tests
 
-# Planted bugs (tests/mutations/run.py): each must make its tests fail. Not part of make test (about 8 min).
+# Planted bugs (tests/mutations/run.py): each must make its tests fail. Not part of make test (about 15 min).
 mutants: install
 	$(PY) tests/mutations/run.py
 

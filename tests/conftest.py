@@ -37,7 +37,8 @@ def world_of_one():
     dist.destroy_process_group()
 
 
-NEEDS_SANDBOX = ("test_sandbox.py", "test_code_reward.py", "test_reward_dispatch.py", "test_triton_*.py")  # files
+NEEDS_SANDBOX = ("test_sandbox.py", "test_sandbox_*.py", "test_code_reward.py", "test_reward_dispatch.py",
+                 "test_triton_*.py")  # files
 
 
 def pytest_collection_modifyitems(config, items):

@@ -93,3 +93,16 @@ def test_the_check_catches_a_renamed_key_script_and_target():
     assert problems("python -m data.arithmetics --out x", keys, targets) == ["module data.arithmetics"]
     assert commands("```\nmake test   # the suite\n.venv/bin/python trainer.py \\\n  --lr=1\n```") == \
         ["make test", ".venv/bin/python trainer.py    --lr=1"]
+
+
+def test_data_imports_nothing_above_it():
+    """The house's arrows point down: data/ reads the task table (tasks.py) and config.py, never rewards/, rollout/,
+    kernels/ or the trainer."""
+    import ast
+    above = {"rewards", "rollout", "kernels", "trainer", "model", "launch", "report", "benchmarks"}
+    for path in sorted((ROOT / "data").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            bad = [n for n in names if n.split(".")[0] in above]
+            assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
