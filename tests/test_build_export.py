@@ -37,9 +37,11 @@ def test_ranks_hold_their_shards_and_export_from_rank_0(big, tmp_path):
     model_mb = sum(t.numel() * 4 for t in AutoModelForCausalLM.from_pretrained(big).state_dict().values()) / 2**20
     for r in ranks:
         assert r["mismatched"] == [], f"rank {r['rank']}: shards differ from the checkpoint: {r['mismatched'][:5]}"
-    second = ranks[1]  # measured: rank 1 grew 1.42x the model to build it before, 0.66x now (its shards)
-    assert second["build_mb"] < 0.8 * model_mb, f"rank 1 grew {second['build_mb']:.0f} MB building a {model_mb:.0f} MB model"
-    assert second["export_mb"] < 0.2 * model_mb, f"rank 1 grew {second['export_mb']:.0f} MB exporting"
+    second = ranks[1]  # build, measured: rank 1 grew 1.42x the model before rank-0 loading, 0.66-0.73x now (5 runs)
+    assert second["build_mb"] < 1.0 * model_mb, f"rank 1 grew {second['build_mb']:.0f} MB building a {model_mb:.0f} MB model"
+    # export, measured on 2026-12-02: rank 1 grows 16-28 MB (5 runs; the allocator keeps gather buffers), and 98 MB
+    # when it keeps the bf16 export it gathers instead of dropping each tensor: the bound sits between
+    assert second["export_mb"] < 0.4 * model_mb, f"rank 1 grew {second['export_mb']:.0f} MB exporting"
     export = tmp_path / "export"
     shards = sorted(export.glob("model-*.safetensors"))
     assert len(shards) > 5 and (export / "model.safetensors.index.json").is_file(), sorted(export.iterdir())
