@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import json
 import math
+import types
 
 import pytest
 import torch
@@ -195,6 +196,27 @@ def test_tools_keys_shape_the_episodes(world_of_one, tiny, tiny_tools, tmp_path)
     ids = [(f"p{t.prompt_id}-s{t.sample}-g", j) for t in trajs for j in range(len(t.obs_spans))]
     joins = [res.engine.added[f"{rid}{j + 1}"] - res.engine.finished[f"{rid}{j}"] for rid, j in ids]
     assert joins and min(joins) == 3, joins
+
+
+
+def test_tools_timeout_and_workers_reach_the_tool_pool(tiny_tools):
+    """tools.timeout_s and tools.workers (what the pool's own tests exercise: a call over the limit answers
+    "timeout", a hung worker is replaced) are the ones the trainer's episodes run with; the defaults are 30 s, 2."""
+    model_dir, data = tiny_tools / "model", tiny_tools / "data" / "rl_train.jsonl"
+    cfg = trainer.load_config([f"--model_path={model_dir}", f"--train_data={data}", "--chat_template=false",
+                               "--max_prompt_len=64", "--max_response_len=64", "--tools.timeout_s=7.5",
+                               "--tools.workers=3"], world=1)
+    run = types.SimpleNamespace(cfg=cfg, tok=AutoTokenizer.from_pretrained(model_dir))
+    assert trainer.start_episodes(run, [{"task": "math"}]) is None  # no row names an environment: no workers
+    episodes = trainer.start_episodes(run, [{"task": "math"}, {"task": "math_calculator"}])
+    try:
+        assert (episodes.timeout_s, episodes.pool.timeout_s, len(episodes.pool.procs)) == (7.5, 7.5, 3)
+        ids, reason = episodes.result(episodes.submit(
+            "calculator", {}, run.tok.encode('<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}'
+                                             '</tool_call>')))
+        assert reason == "ok" and "42" in run.tok.decode(ids), (reason, run.tok.decode(ids))
+    finally:
+        episodes.close()
 
 
 def test_checkpoint_carries_the_cuda_generator(world_of_one, tmp_path, monkeypatch):

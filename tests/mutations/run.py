@@ -64,6 +64,8 @@ MUTANTS = [
     ("tools.max_obs_tokens and tools.tool_steps swapped on their way to the episodes", "trainer.py",
      "c.max_turns, c.max_obs_tokens, c.tool_steps,", "c.max_turns, c.tool_steps, c.max_obs_tokens,",
      ["tests/test_wiring.py", "-k", "tools"]),
+    ("tool calls run with the default wall limit and worker count whatever tools.* says", "trainer.py",
+     "c.timeout_s, c.workers)", "30.0, 2)", ["tests/test_wiring.py", "-k", "timeout_and_workers"]),
     # model: packing
     ("packed positions do not restart per row", "model.py", "pos += range(P)\n", "pos += range(len(ids) - P, len(ids))\n",
      ["tests/test_packing.py"]),
