@@ -65,7 +65,7 @@ test-slow: install
 test-all: install
 	$(PY) -m pytest -q tests
 
-# Planted bugs (tests/mutations/run.py): each must make its tests fail. Not part of make test (about 11 min).
+# Planted bugs (tests/mutations/run.py): each must make its tests fail. Not part of make test (about 13 min).
 mutants: install
 	$(PY) tests/mutations/run.py
 

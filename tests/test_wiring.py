@@ -3,8 +3,9 @@ process with a fake engine and reward pool, about a second a run).
 
 Keys: each run changes several keys from their defaults at once; the update's loss must equal the float64 formulas
 evaluated with the run's config, and must not equal them with any one of those keys put back to its default (so
-the key changes the result, and the trainer follows it). staleness_cap, eval_samples and tools.* are checked by
-what they shape: restarted trajectories, the held-out figures, the episodes. State: a run resumed from its step-1
+the key changes the result, and the trainer follows it). staleness_cap, eval_samples, tools.* and prime.* are checked
+by what they shape: restarted trajectories, the held-out figures, the episodes and tool workers, PRIME's token
+rewards and advantages (against float64 references). State: a run resumed from its step-1
 checkpoint restores every piece of Run.state_dict() exactly as saved, then saves the same states and logs the same
 metrics as the run that was never stopped; the CUDA generator's way through a checkpoint is checked with a stand-in."""
 import dataclasses
@@ -17,8 +18,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+import model
 import trainer
-from fake_rl import advantages_fp64, assert_same_state, run_args, train
+from fake_rl import advantages_fp64, assert_same_state, hf_logits, hf_model, run_args, train
 from helpers import TIMING
 from test_mismatch import reference_weights
 
@@ -217,6 +219,47 @@ def test_tools_timeout_and_workers_reach_the_tool_pool(tiny_tools):
         assert reason == "ok" and "42" in run.tok.decode(ids), (reason, run.tok.decode(ids))
     finally:
         episodes.close()
+
+
+def test_prime_keys_shape_the_token_rewards_and_advantages(world_of_one, tiny, tmp_path, monkeypatch):
+    """PRIME with beta, gamma and both coefficients away from their defaults, a PRM that moves (prime.lr) and 2
+    steps: each step's token rewards are beta * (log pi_prm - log pi_ref) at the sampling temperature, the PRM as it
+    was before its update (update=after) against the initial model, from plain HF forwards; and the advantages the
+    update receives are paper Eq. 5 in float64 of those rewards and the groups' outcomes, with the run's gamma,
+    coefficients and n_samples (tests/test_prime_advantages.py's loop reference)."""
+    from rewards.prime import Prime
+    from test_prime_advantages import reference
+    seen, real_step = [], Prime.step
+
+    def step(self, rows, outcome):
+        prm = hf_model(self.cfg.model_path, "prm")
+        prm.load_state_dict(dict(model.full_named_tensors(self.model)), strict=False)  # tied head: the embedding
+        t = self.cfg.temperature
+        logp = [[torch.log_softmax(z / t, -1).gather(1, torch.tensor(r.response)[:, None])[:, 0] for z, r in
+                 zip(hf_logits(m, rows), rows)] for m in (prm, hf_model(self.cfg.model_path, "start"))]
+        token_r, stats = real_step(self, rows, outcome)
+        seen.append(([r.response for r in rows], outcome.clone(), token_r,
+                     [self.p.beta * (a - b) for a, b in zip(*logp)]))
+        return token_r, stats
+
+    monkeypatch.setattr(Prime, "step", step)
+    keys = ("--prime.enabled=true", "--prime.beta=0.5", "--prime.gamma=0.8", "--prime.outcome_coef=2.0",
+            "--prime.process_coef=3.0", "--prime.lr=1e-2", "--temperature=0.7", "--steps=2")
+    res = train(run_args(tiny, tmp_path, *keys))
+    cfg = res.cfg
+    assert len(seen) == len(res.updates) == 2
+    for (responses, outcome, got_r, want_r), u in zip(seen, res.updates):
+        assert [r.response for r in u.rows] == responses
+        for got, want in zip(got_r, want_r):
+            assert torch.allclose(got.double(), want, atol=2e-4), (got.double() - want).abs().max()
+        R = torch.nn.utils.rnn.pad_sequence([w for w in want_r], batch_first=True)
+        mask = torch.nn.utils.rnn.pad_sequence([torch.ones(len(w)) for w in want_r], batch_first=True)
+        adv = reference(outcome, R, mask, cfg.n_samples, cfg.prime.gamma, cfg.prime.outcome_coef,
+                        cfg.prime.process_coef, whiten=True)
+        for i, r in enumerate(u.rows):
+            assert torch.allclose(r.adv.double(), adv[i, :len(r.response)], atol=2e-3), i
+    moved = max(float(w.abs().max()) for w in seen[-1][3])
+    assert moved > 1e-2, f"step 2's PRM is still the reference (token rewards up to {moved}): nothing tested beta"
 
 
 def test_checkpoint_carries_the_cuda_generator(world_of_one, tmp_path, monkeypatch):

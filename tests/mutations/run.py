@@ -77,6 +77,15 @@ MUTANTS = [
     # PRIME
     ("PRIME update=before stops recomputing rewards", "rewards/prime.py", "if self.recompute:", "if False:",
      ["tests/test_prime.py"]),
+    ("PRIME's beta left at its default", "rewards/prime.py", "(a, b, m, self.p.beta)", "(a, b, m, 0.05)",
+     ["tests/test_wiring.py", "-k", "prime_keys"]),
+    ("PRIME's outcome advantage weighted by process_coef", "rewards/prime.py", "self.p.gamma, self.p.outcome_coef,",
+     "self.p.gamma, self.p.process_coef,", ["tests/test_wiring.py", "-k", "prime_keys"]),
+    ("PRIME's process returns undiscounted whatever prime.gamma", "rewards/prime.py", "self.p.gamma, self.p.outcome_coef,",
+     "1.0, self.p.outcome_coef,", ["tests/test_wiring.py", "-k", "prime_keys"]),
+    ("PRIME's rewards at temperature 1 whatever the sampling temperature", "rewards/prime.py",
+     "response_logprobs(self.model, batch, self.device, self.cfg.temperature)",
+     "response_logprobs(self.model, batch, self.device, 1.0)", ["tests/test_wiring.py", "-k", "prime_keys"]),
     ("PRIME whitening over this rank only", "rewards/advantages.py", "(stats if reduce is None else reduce(stats))",
      "stats", ["tests/test_trainer_phases.py", "-k", "whitening"]),
     # advantages
