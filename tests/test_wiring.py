@@ -5,9 +5,9 @@ Keys: each run changes several keys from their defaults at once; the update's lo
 evaluated with the run's config, and must not equal them with any one of those keys put back to its default (so
 the key changes the result, and the trainer follows it). staleness_cap, eval_samples, tools.* and prime.* are checked
 by what they shape: restarted trajectories, the held-out figures, the episodes and tool workers, PRIME's token
-rewards and advantages (against float64 references). State: a run resumed from its step-1
-checkpoint restores every piece of Run.state_dict() exactly as saved, then saves the same states and logs the same
-metrics as the run that was never stopped; the CUDA generator's way through a checkpoint is checked with a stand-in."""
+rewards and advantages (against float64 references). State: a run resumed from its step-1 checkpoint restores every
+piece of Run.state_dict() exactly as saved, then saves the same states and logs the same metrics as the run that was
+never stopped; the CUDA generator's way through a checkpoint is checked with a stand-in."""
 import dataclasses
 import functools
 import json
@@ -200,7 +200,6 @@ def test_tools_keys_shape_the_episodes(world_of_one, tiny, tiny_tools, tmp_path)
     assert joins and min(joins) == 3, joins
 
 
-
 def test_tools_timeout_and_workers_reach_the_tool_pool(tiny_tools):
     """tools.timeout_s and tools.workers (what the pool's own tests exercise: a call over the limit answers
     "timeout", a hung worker is replaced) are the ones the trainer's episodes run with; the defaults are 30 s, 2."""
@@ -252,7 +251,7 @@ def test_prime_keys_shape_the_token_rewards_and_advantages(world_of_one, tiny, t
         assert [r.response for r in u.rows] == responses
         for got, want in zip(got_r, want_r):
             assert torch.allclose(got.double(), want, atol=2e-4), (got.double() - want).abs().max()
-        R = torch.nn.utils.rnn.pad_sequence([w for w in want_r], batch_first=True)
+        R = torch.nn.utils.rnn.pad_sequence(want_r, batch_first=True)
         mask = torch.nn.utils.rnn.pad_sequence([torch.ones(len(w)) for w in want_r], batch_first=True)
         adv = reference(outcome, R, mask, cfg.n_samples, cfg.prime.gamma, cfg.prime.outcome_coef,
                         cfg.prime.process_coef, whiten=True)
