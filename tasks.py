@@ -13,6 +13,7 @@ scorer imports its reward module when first called: math-verify (sympy) and the 
 processes that score those tasks.
 """
 import ast
+import importlib
 from typing import Callable, NamedTuple
 
 
@@ -78,16 +79,18 @@ class Task(NamedTuple):
     score: Callable  # (row, completion) -> (reward, info)
     check: Callable  # row -> None or what is wrong with it
     env: str | None = None  # rollout/environments.py's ENVIRONMENTS name: the rows are episodes with tools
+    module: str | None = None  # the reward module its scorer imports (a pool worker imports it before the job's clock)
 
 
+MATH, CODE, TRITON = "rewards.math", "rewards.code", "rewards.triton_kernel"
 TASKS = {
-    "math": Task(("answer",), score_math, check_math),
-    "code": Task(("tests",), score_code, check_code),
-    "triton": Task(("reference_code",), score_triton, check_triton),
+    "math": Task(("answer",), score_math, check_math, module=MATH),
+    "code": Task(("tests",), score_code, check_code, module=CODE),
+    "triton": Task(("reference_code",), score_triton, check_triton, module=TRITON),
     "char_share": Task(("chars",), score_char_share, check_char_share),
-    "math_calculator": Task(("answer",), score_math, check_math, env="calculator"),
-    "math_python": Task(("answer",), score_math, check_math, env="python"),
-    "triton_refine": Task(("reference_code",), score_triton, check_triton, env="triton_refine"),
+    "math_calculator": Task(("answer",), score_math, check_math, env="calculator", module=MATH),
+    "math_python": Task(("answer",), score_math, check_math, env="python", module=MATH),
+    "triton_refine": Task(("reference_code",), score_triton, check_triton, env="triton_refine", module=TRITON),
 }
 UNTRUSTED_TASKS = ("code", "triton", "math_python", "triton_refine")  # they run model-written code: in the sandbox
 
@@ -96,6 +99,14 @@ def env_of(row: dict) -> str | None:
     """The row's environment (None: a single-turn row)."""
     task = TASKS.get(row.get("task", "math"))
     return task.env if task else None
+
+
+def prepare_row(row: dict, completion: str) -> None:
+    """Import the row's reward module (math-verify and sympy: seconds on a busy machine): a pool worker calls this
+    before the job's wall limit starts (rewards/pool.py), so the import is not counted as scoring time."""
+    task = TASKS.get(row.get("task", "math"))
+    if task is not None and task.module:
+        importlib.import_module(task.module)
 
 
 def score_row(row: dict, completion: str) -> tuple[float, dict]:

@@ -24,6 +24,7 @@ allows), unknown_tool, tool_error (the tool raised), timeout, crash (the worker 
 max_obs_tokens, cut and said so), no_sandbox (a code tool without isolation: fails closed).
 """
 import ast
+import importlib
 import json
 import math
 import operator
@@ -52,8 +53,10 @@ def environment(name: str):
 
 
 class Environment:
-    """One instance per tool worker process. tools: {name: one line the model's prompt can show}."""
+    """One instance per tool worker process. tools: {name: one line the model's prompt can show}; module: what its
+    calls import (the worker imports it before a call's wall limit starts)."""
     tools: dict[str, str] = {}
+    module: str | None = None
 
     def call(self, row: dict, name: str, arguments: dict) -> str:
         """The tool's output (text) for one call; raise ToolFault for a call it refuses (any other exception is
@@ -79,6 +82,13 @@ def parse_call(text: str) -> tuple[str, dict]:
 
 
 _instances: dict[str, Environment] = {}
+
+
+def prepare_tool(env: str, row: dict, segment: str) -> None:
+    """In a tool worker, before the call's wall limit starts (rewards/pool.py): the environment and its imports."""
+    instance = _instances.setdefault(env, ENVIRONMENTS[env]())
+    if instance.module:
+        importlib.import_module(instance.module)
 
 
 def run_tool(env: str, row: dict, segment: str) -> tuple[str, dict]:
@@ -164,6 +174,7 @@ class Calculator(Environment):
 class PythonTool(Environment):
     """Runs the model's code in the reward sandbox (rewards/sandbox.py); fails closed without its isolation."""
     tools = {"python": "run Python 3 code: {\"code\": \"print(2**10)\"} -> stdout and stderr"}
+    module = "rewards.sandbox"
     timeout_s, mem_mb = 10.0, 1024
 
     def call(self, row, name, arguments):
@@ -186,6 +197,7 @@ class TritonRefine(Environment):
     reward scores the final answer's kernel as in the single-turn setup."""
     tools = {"test_kernel": "check a Triton kernel: {\"code\": \"<python source with @triton.jit>\"} -> ok or what "
                             "failed (lint, compile, wrong output, crash, timeout)"}
+    module = "rewards.triton_kernel"
 
     def call(self, row, name, arguments):
         from rewards.triton_kernel import triton_reward
@@ -288,7 +300,8 @@ class Episodes:
         self.obs = Observations(tok, chat_template, max_obs_tokens)
         self.call_end = self.obs.call_end if call_end is None else call_end  # tests may stop on another token
         self.timeout_s = timeout_s
-        self.pool = RewardPool(workers, timeout_s, fn=tool_fn or run_tool)  # tool_fn: importable where workers run
+        self.pool = RewardPool(workers, timeout_s, fn=tool_fn or run_tool,  # tool_fn: importable where workers run
+                               prepare=None if tool_fn else prepare_tool)
 
     def submit(self, env: str, row: dict, segment: list[int]) -> int:
         return self.pool.submit((env, row, self.tok.decode(segment)))

@@ -70,3 +70,13 @@ def tiny_tools(tiny, tmp_path_factory) -> Path:
     build_model_folder(out / "model", [r["prompt"] + r["completion"] for r in rows], vocab_size=400,
                        hidden=128, layers=2, heads=2, max_len=512, tools=True)
     return out
+
+
+@pytest.fixture(scope="session")
+def tool_tok(tmp_path_factory):
+    """A BPE tokenizer with the tool-call tokens and Qwen's chat markers as single tokens."""
+    from transformers import PreTrainedTokenizerFast
+    from data.tiny_model import train_tokenizer
+    t = train_tokenizer(["Ann has 3 apples. 12+7=19. \\boxed{19} user assistant tool response"] * 20, 300, tools=True)
+    t.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    return PreTrainedTokenizerFast(tokenizer_object=t, eos_token="<|endoftext|>")

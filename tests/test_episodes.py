@@ -73,16 +73,6 @@ REWRITES = QWEN_LIKE.replace("{{ m['content'] }}<|im_end|>\n{% endif %}",
                              "else m['content'] }}<|im_end|>\n{% endif %}")
 
 
-@pytest.fixture(scope="module")
-def tool_tok(tmp_path_factory):
-    """A BPE tokenizer with the tool-call tokens and Qwen's chat markers as single tokens."""
-    from transformers import PreTrainedTokenizerFast
-    from data.tiny_model import train_tokenizer
-    t = train_tokenizer(["Ann has 3 apples. 12+7=19. \\boxed{19} user assistant tool response"] * 20, 300, tools=True)
-    t.add_special_tokens(["<|im_start|>", "<|im_end|>"])
-    return PreTrainedTokenizerFast(tokenizer_object=t, eos_token="<|endoftext|>")
-
-
 def test_plain_observation_is_tokenized_once_and_truncated(tool_tok):
     obs = E.Observations(tool_tok, chat_template=False, max_tokens=5)
     assert obs.call_end == tool_tok.convert_tokens_to_ids("</tool_call>")
