@@ -112,13 +112,18 @@ class Update:
     """One policy_update call: its rows as they came in (old_logp, adv, weight cloned), the groups they were
     collected as, the buffered partial trajectories that collect resumed ((prompt id, sample) -> tokens they held),
     the logits (T_i, V) predicting each response token under the policy before the update (`logits`) and under the
-    initial model (`ref_logits`) from a plain HF forward (float32, as float64), and the stats it returned."""
+    initial model (`ref_logits`) from a plain HF forward (float32, as float64), the stats it returned, the policy
+    version before it and that policy's weights (`state`: plain tensors), and each row's old log-probs as the
+    update left them (`old_after`: the ones its own forward supplied filled in)."""
     rows: list
     groups: list
     carried: dict
     logits: list
     ref_logits: list
     stats: dict = field(default_factory=dict)
+    version: int = 0
+    state: dict = field(default_factory=dict)
+    old_after: list = field(default_factory=list)
 
 
 @dataclass
@@ -205,8 +210,10 @@ def train(argv: list[str], state: bool = False) -> Result:
         u = Update([model.Row(r.prompt_ids, r.response, r.old_logp.clone(), r.adv.clone(),
                               None if r.weight is None else r.weight.clone(), r.fresh, r.mask) for r in rows],
                    run.scheduler.last, run.scheduler.carried, hf_logits(now, rows),
-                   hf_logits(hf_model(cfg.model_path, "start"), rows))
+                   hf_logits(hf_model(cfg.model_path, "start"), rows), version=run.policy_version,
+                   state={k: v.clone() for k, v in now.state_dict().items()})
         u.stats = real_update(run, rows)
+        u.old_after = [r.old_logp.clone() for r in rows]
         res.updates.append(u)
         return u.stats
 

@@ -142,6 +142,58 @@ def test_eval_samples_sets_the_k_of_mean_and_pass(runs):
         assert math.isclose(m[key], v, abs_tol=1e-9), f"{key}: {m[key]} vs {v}"
 
 
+# old-log-prob strategy -> its keys: from the update's own forward (the default), computed upfront (two mini-batches:
+# the policy versions step by 2), the engine's sampling log-probs
+CROSS_STAGE = {"update": (), "upfront": ("--mini_batches=2",), "rollout": ("--copris.old_logprob_source=rollout",)}
+
+
+def stage_logprobs(cfg, u, states: dict) -> list[torch.Tensor]:
+    """Per trained row (T_i,) float64: each token's log-prob under the policy of the stage that sampled it (the
+    weights recorded before the update of that version, in a plain float64 HF model), or, with rollout old
+    log-probs, the engine's sampling log-prob of it."""
+    trajs = [t for g in u.groups for t in g.samples]
+    if cfg.copris.old_logprob_source == "rollout":
+        return [torch.tensor(t.logprobs, dtype=torch.float64) for t in trajs]
+    m = hf_model(cfg.model_path, "stage").double()
+    out = [torch.zeros(len(r.response), dtype=torch.float64) for r in u.rows]
+    for v in sorted({v for t in trajs for v in t.versions}):
+        m.load_state_dict(states[v])
+        for o, z, r, t in zip(out, hf_logits(m, u.rows), u.rows, trajs):
+            at = torch.tensor(t.versions) == v  # (T_i,)
+            o[at] = torch.log_softmax(z / cfg.temperature, -1).gather(1, torch.tensor(r.response)[:, None])[at, 0]
+    return out
+
+
+@pytest.mark.parametrize("source", list(CROSS_STAGE))
+def test_cross_stage_old_logprobs_are_the_sampling_stages(world_of_one, tiny, tmp_path, source):
+    """CoPRIS's invariant through train_rl: at the step that trains a trajectory, each token's old log-prob is the
+    log-prob under the policy of the stage that sampled it (a copy of that policy, recorded then), also when the
+    trajectory sat in the buffer across two or more updates while tokens were appended, and also when the run was
+    resumed in between (the buffer's old log-probs go through the checkpoint); the earlier stages' values differ
+    from the training policy's (lr 1e-2 moves it), so the check cannot pass by the policy standing still."""
+    keys = (*CROSS_STAGE[source], "--steps=4", "--n_samples=2", "--copris.concurrency=8", "--keep_checkpoints=4")
+    whole = train(run_args(tiny, tmp_path, *keys), state=True)
+    resumed = train(run_args(tiny, tmp_path, *keys, f"--resume={tmp_path / 'checkpoints' / 'step_000002'}"))
+    states = {u.version: u.state for u in whole.updates}
+    assert len(resumed.updates) == 2, "the resumed run did not train steps 3 and 4"
+    long_lived, resume_version = 0, resumed.updates[0].version
+    carried = [t for u in resumed.updates for g in u.groups for t in g.samples if min(t.versions) < resume_version]
+    assert carried, "no trajectory sampled before the checkpoint was trained after the resume"
+    for run_name, updates in (("whole", whole.updates), ("resumed", resumed.updates)):
+        for u in updates:
+            want = stage_logprobs(whole.cfg, u, states)
+            trajs = [t for g in u.groups for t in g.samples]
+            for i, (got, w, z, r, t) in enumerate(zip(u.old_after, want, u.logits, u.rows, trajs)):
+                where = f"{run_name} run, update at version {u.version}, row {i} (versions {t.versions})"
+                assert (got.double() - w).abs().max() < 1e-6, f"{where}: old {got.tolist()} vs stages {w.tolist()}"
+                now = torch.log_softmax(z / whole.cfg.temperature, -1).gather(1, torch.tensor(r.response)[:, None])[:, 0]
+                earlier = torch.tensor(t.versions) < u.version
+                if earlier.any():
+                    assert (now - w)[earlier].abs().max() > 1e-3, f"{where}: earlier stages equal the current policy"
+                long_lived += u.version - min(t.versions) >= 2 and len(set(t.versions)) >= 2
+    assert long_lived, "no trajectory stayed in the buffer across two updates: the test would check nothing"
+
+
 RESUMES = {  # the test adds LR warm-up over the 3 steps: a schedule that restarts would change the learning rate
     # PRIME's reference: the rollout policy's old log-probs (so they must be computed before the update)
     "rl-prime": ("--prime.enabled=true", "--prime.ref=policy", "--prime.filter_low=0", "--prime.filter_high=1",
