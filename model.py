@@ -178,7 +178,9 @@ def check_attention(path: str, config) -> None:
 
 def load_skeleton(path: str, device):
     """Rank 0: the model with its weights, in host memory (fp32). Other ranks: the same modules with parameters on
-    the meta device (no memory) and real buffers (rotary tables). A load error on rank 0 is raised on every rank."""
+    the meta device (no memory) and real buffers (rotary tables), tied like rank 0's (accelerate's init_empty_weights
+    wraps each registered parameter anew, which unties lm_head from the embedding: tie_weights() ties it again).
+    A load error on rank 0 is raised on every rank; ranks whose parameters differ stop (check_same_parameters)."""
     error = None
     try:
         if dist.get_rank() == 0:
@@ -188,11 +190,39 @@ def load_skeleton(path: str, device):
             with init_empty_weights(include_buffers=False):
                 model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=torch.float32,
                                                          attn_implementation=attention_for(device))
+            model.tie_weights()
     except Exception as e:  # safetensors, transformers and torch each raise their own types for a damaged folder
         error = f"{type(e).__name__}: {str(e)[:300]}"
     if all_max(int(error is not None), device):
         raise ConfigError(f"model_path {path}: the model does not load ({error or 'see rank 0'})")
+    check_same_parameters(model, path)
     return model
+
+
+def parameter_layout(model) -> list[tuple]:
+    """(name, shape, the name it is tied to or None) for every parameter name of the model, shared ones included."""
+    first, out = {}, []
+    for name, p in model.named_parameters(remove_duplicate=False):
+        owner = first.setdefault(id(p), name)
+        out.append((name, tuple(p.shape), owner if owner != name else None))
+    return out
+
+
+def check_same_parameters(model, path: str) -> None:
+    """Every rank built the same parameters: names, shapes and ties (one hash compared per rank; FSDP2 would
+    otherwise shard different root groups: a gloo size error, an NCCL hang or corrupted weights). Stops naming the
+    first difference from rank 0."""
+    mine = parameter_layout(model)
+    digests = all_gather_list([hashlib.blake2b(repr(mine).encode(), digest_size=16).hexdigest()])
+    if len(set(digests)) == 1:
+        return
+    every = all_gather_list([mine])
+    for r, layout in enumerate(every):
+        diff = next((f"{a} vs {b}" for a, b in zip(every[0], layout) if a != b), None) or \
+            f"{len(every[0])} vs {len(layout)} parameter names"
+        if layout != every[0]:
+            raise ConfigError(f"model_path {path}: rank {r} built other parameters than rank 0 ((name, shape, tied "
+                              f"to) on rank 0 vs rank {r}: {diff})")
 
 
 def build_model(path: str, device, trainable: bool, lora=None, checkpoint: bool | None = None):

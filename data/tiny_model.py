@@ -45,9 +45,11 @@ def train_tokenizer(texts: list[str], vocab_size: int, tools: bool = False) -> T
 
 
 def build_model_folder(out: Path, texts: list[str], vocab_size: int = 512, hidden: int = 128,
-                       layers: int = 4, heads: int = 2, max_len: int = 512, seed: int = 0, tools: bool = False) -> None:
+                       layers: int = 4, heads: int = 2, max_len: int = 512, seed: int = 0, tools: bool = False,
+                       tied: bool = False) -> None:
     """Write tokenizer files and a random-init Qwen2ForCausalLM (head_dim = hidden / heads = 64:
-    vLLM's CPU attention needs 64) as safetensors into `out`. tools: with the tool-call tokens (train_tokenizer)."""
+    vLLM's CPU attention needs 64) as safetensors into `out`. tools: with the tool-call tokens (train_tokenizer);
+    tied: lm_head shares the embedding (tie_word_embeddings, as Qwen2.5-0.5B..3B and Llama-3.2-1B/3B do)."""
     if hidden // heads != 64:
         raise ValueError(f"head_dim must be 64 for vLLM's CPU attention, got {hidden}/{heads}")
     out.mkdir(parents=True, exist_ok=True)
@@ -59,7 +61,7 @@ def build_model_folder(out: Path, texts: list[str], vocab_size: int = 512, hidde
     config = Qwen2Config(
         vocab_size=tok.get_vocab_size(), hidden_size=hidden, intermediate_size=4 * hidden,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
-        max_position_embeddings=max_len, tie_word_embeddings=False, eos_token_id=0, pad_token_id=0,
+        max_position_embeddings=max_len, tie_word_embeddings=tied, eos_token_id=0, pad_token_id=0,
         bos_token_id=0, dtype="float32")
     torch.manual_seed(seed)
     Qwen2ForCausalLM(config).save_pretrained(out)
@@ -74,8 +76,9 @@ if __name__ == "__main__":
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--tools", action="store_true", help="add the tool-call tokens (multi-turn episodes)")
+    ap.add_argument("--tied", action="store_true", help="tie lm_head to the embedding (tie_word_embeddings)")
     a = ap.parse_args()
     rows = [json.loads(line) for line in open(a.corpus)]
     corpus = [r["prompt"] + (c if isinstance(c, str) else "".join(t["content"] for t in c))
               for r in rows for c in [r.get("completion", r.get("solution", ""))]]
-    build_model_folder(a.out, corpus, a.vocab_size, a.hidden, a.layers, tools=a.tools)
+    build_model_folder(a.out, corpus, a.vocab_size, a.hidden, a.layers, tools=a.tools, tied=a.tied)

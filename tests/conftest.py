@@ -80,3 +80,18 @@ def tool_tok(tmp_path_factory):
     t = train_tokenizer(["Ann has 3 apples. 12+7=19. \\boxed{19} user assistant tool response"] * 20, 300, tools=True)
     t.add_special_tokens(["<|im_start|>", "<|im_end|>"])
     return PreTrainedTokenizerFast(tokenizer_object=t, eos_token="<|endoftext|>")
+
+
+@pytest.fixture(scope="session")
+def tiny_tied(tiny, tmp_path_factory) -> Path:
+    """The tiny model's data with a model whose lm_head is tied to its embedding (tie_word_embeddings), as the
+    small Qwen2.5 and Llama-3.2 models are."""
+    from data.tiny_model import build_model_folder
+    import json
+    import shutil
+    out = tmp_path_factory.mktemp("tiny_tied")
+    shutil.copytree(tiny / "data", out / "data")
+    rows = [json.loads(line) for line in open(tiny / "data" / "sft.jsonl")]
+    build_model_folder(out / "model", [r["prompt"] + r["completion"] for r in rows], vocab_size=400,
+                       hidden=128, layers=2, heads=2, max_len=512, tied=True)
+    return out
