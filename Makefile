@@ -30,9 +30,9 @@ sandbox:
 	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
 	  $(PY) -m pip install -q -r requirements.txt; \
 	else \
-	  $(PY) -m pip install -q -r requirements-cpu.txt && \
-	  $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec; \
+	  $(PY) -m pip install -q -r requirements-cpu.txt; \
 	fi
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec  # built for another torch; nothing here uses them
 	touch $@
 
 # Data + tokenizer + random-init tiny model, SFT warm-up, then GRPO (CoPRIS rollout) on 2 ranks. A rerun replaces

@@ -17,7 +17,6 @@ import json
 import math
 import os
 import shutil
-import socket
 import tempfile
 from array import array
 from dataclasses import dataclass
@@ -43,24 +42,25 @@ def init_distributed(timeout_s: float = 3600.0) -> tuple[int, int, torch.device]
     """Process group from torchrun's env (a 1-rank group when run as plain python). timeout_s: how long a collective
     waits for the other ranks before the run fails (NCCL's watchdog; gloo), the same on both backends. More ranks
     per node than visible GPUs is a ConfigError on every rank."""
-    if "RANK" not in os.environ:  # plain `python trainer.py`: a world of one, same code path
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     timeout = datetime.timedelta(seconds=timeout_s)
+    store = None
+    if "RANK" not in os.environ:  # plain `python trainer.py`: a world of one, same code path; the store binds a
+        # port the kernel picks (port 0) and keeps it: two runs started together cannot both take one found free
+        store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=timeout)
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port))
+    group = dict(store=store, rank=0, world_size=1) if store is not None else {}
     if torch.cuda.is_available():
         local, gpus = int(os.environ.get("LOCAL_WORLD_SIZE", "1")), torch.cuda.device_count()
         if local > gpus:
             raise ConfigError(too_many_ranks(local, gpus))
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device, timeout=timeout)
+        dist.init_process_group("nccl", device_id=device, timeout=timeout, **group)
     else:
         device = torch.device("cpu")
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
-        dist.init_process_group("gloo", timeout=timeout)
+        dist.init_process_group("gloo", timeout=timeout, **group)
     return dist.get_rank(), dist.get_world_size(), device
 
 
@@ -110,10 +110,12 @@ class EngineGroup:
     pg: dist.ProcessGroup | None = None  # the group's ranks; None when t = 1 (nothing to share)
 
 
-def engine_group(t: int) -> EngineGroup:
-    """This rank's EngineGroup for t ranks per engine (a collective: every rank calls it, t divides the world)."""
+def engine_group(t: int, timeout_s: float = 3600.0) -> EngineGroup:
+    """This rank's EngineGroup for t ranks per engine (a collective: every rank calls it, t divides the world); its
+    collectives wait timeout_s for the others, as the run's do (dist_timeout_s; NCCL's own default is 10 min)."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    return EngineGroup(rank // t, world // t, rank % t, t, dist.new_subgroups(group_size=t)[0] if t > 1 else None)
+    pg = dist.new_subgroups(group_size=t, timeout=datetime.timedelta(seconds=timeout_s))[0] if t > 1 else None
+    return EngineGroup(rank // t, world // t, rank % t, t, pg)
 
 
 def gather_in_group(value, eg: EngineGroup | None) -> list:
@@ -317,12 +319,13 @@ def add_lora(model, lora):
 
 def full_named_tensors(model, dtype=None, trainable_only: bool = False):
     """(name, full tensor) per parameter (trainable_only: per trainable one), gathering FSDP2 shards (a collective:
-    all ranks iterate)."""
+    all ranks iterate). dtype: each shard is cast before the gather, so the full tensor exists in dtype only (a
+    152k x 5120 embedding gathered in bf16: 1.6 GB, not 3.1 GB fp32 plus 1.6 GB)."""
     for name, p in model.named_parameters():
         if trainable_only and not p.requires_grad:
             continue
-        t = p.full_tensor() if hasattr(p, "full_tensor") else p
-        yield name, (t.detach() if dtype is None else t.detach().to(dtype))
+        t = p.detach() if dtype is None else p.detach().to(dtype)
+        yield name, t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def adapter_tensors(model, dtype=None) -> dict[str, torch.Tensor]:
@@ -373,9 +376,10 @@ def hf_tensors(model, dtype: torch.dtype):
 SHARD_BYTES = 4 << 30  # export: safetensors files of at most about this size (HF's sharded layout beyond one)
 
 
-def save_hf(config, tensors, folder: Path, tok) -> None:
-    """An HF model folder (config, tokenizer, model.safetensors or model-0000i-of-0000n.safetensors with its index)
-    from hf_tensors' stream: host memory holds one shard at a time."""
+def save_hf(config, tensors, folder: Path, tok, generation=None) -> None:
+    """An HF model folder (config, tokenizer, model.safetensors or model-0000i-of-0000n.safetensors with its index,
+    generation_config.json when `generation` is given) from hf_tensors' stream: host memory holds one shard at a
+    time."""
     folder.mkdir(parents=True, exist_ok=True)
     tied = getattr(config, "tie_word_embeddings", False)
     files, shard, size, index = [], {}, 0, {}
@@ -401,12 +405,16 @@ def save_hf(config, tensors, folder: Path, tok) -> None:
             {"metadata": {}, "weight_map": {k: names[i] for k, i in index.items()}}, indent=1))
     config.save_pretrained(folder)
     tok.save_pretrained(folder)
+    if generation is not None:
+        generation.save_pretrained(folder)
 
 
 def export_hf(model, tok, out: Path, merged: bool = False, dtype: torch.dtype = torch.float32) -> None:
-    """HF folder (config, safetensors, tokenizer) in `dtype` that transformers and vLLM load. A LoRA policy's is the
-    adapter in PEFT format (with the tokenizer) and, if merged, out/merged: the HF folder of the base with the
-    adapter folded in. Written to out.tmp on rank 0, renamed once complete; all ranks call (a collective)."""
+    """HF folder (config, safetensors, tokenizer, the model's generation_config.json: without it vLLM and transformers
+    fall back to their own default sampling and stop tokens) in `dtype` that transformers and vLLM load. A LoRA
+    policy's is the adapter in PEFT format (with the tokenizer) and, if merged, out/merged: the HF folder of the base
+    with the adapter folded in. Written to out.tmp on rank 0, renamed once complete; all ranks call (a collective):
+    each weight is all-gathered in turn (every rank holds one full tensor at a time and drops it; rank 0 writes)."""
     lora = isinstance(model, PeftModel)
     adapter = adapter_tensors(model) if lora else None
     tmp = out.with_name(out.name + ".tmp")
@@ -419,7 +427,7 @@ def export_hf(model, tok, out: Path, merged: bool = False, dtype: torch.dtype = 
         if dist.get_rank() == 0:
             config = copy.deepcopy(model.config)
             config.dtype = dtype
-            save_hf(config, tensors, tmp / "merged" if lora else tmp, tok)
+            save_hf(config, tensors, tmp / "merged" if lora else tmp, tok, getattr(model, "generation_config", None))
         for _ in tensors:  # other ranks: take part in every gather
             pass
     if dist.get_rank() == 0:
@@ -536,6 +544,8 @@ def packed_forward(model, rows: list[Row], device, fn):
                      **packed_kwargs(layout, device, varlen=attention_for(device) != PACKED)).logits
     finally:
         head.fn = None
+        if not torch.is_grad_enabled() and hasattr(model, "reshard"):  # FSDP2 keeps the root's parameters (embedding,
+            model.reshard()  # head: 2-3 GB on 7B+) unsharded after a forward, for a backward that no-grad never runs
 
 
 def targets_of(rows: list[Row], device) -> torch.Tensor:

@@ -94,23 +94,29 @@ class Timer:
 
 
 class MemoryPeaks:
-    """CUDA memory per phase of one RL step, in GiB of torch's allocator (metrics gpu_mem/<name>_gb): peak(name) is the
-    peak since the last call (or since the step began), now(name) what is allocated now. Size a run from the
-    training phase's peak and the engine's: a run-long maximum mixes them. Off the GPU it records nothing."""
+    """CUDA memory per phase of one RL step (GiB). gpu_mem/<name>_gb is torch's allocator: peak(name) its peak since
+    the last call (or since the step began), now(name) what it holds now. gpu_mem/<name>_device_gb is the device's
+    own use at that moment (total - free, torch.cuda.mem_get_info): everything on the GPU, vLLM's pool included.
+    The two differ because vLLM allocates through its own pool and, asleep, unmaps the physical memory of tensors
+    torch still counts as allocated: size engine.gpu_memory_utilization from the device figures. Off the GPU it
+    records nothing."""
 
     def __init__(self, device):
-        self.on, self.metrics = device.type == "cuda", {}
+        self.on, self.device, self.metrics = device.type == "cuda", device, {}
         if self.on:
             torch.cuda.reset_peak_memory_stats()
 
     def peak(self, name: str) -> None:
-        if self.on:
-            self.metrics[f"gpu_mem/{name}_gb"] = torch.cuda.max_memory_allocated() / 2**30
-            torch.cuda.reset_peak_memory_stats()
+        self._record(name, torch.cuda.max_memory_allocated if self.on else None)
 
     def now(self, name: str) -> None:
-        if self.on:
-            self.metrics[f"gpu_mem/{name}_gb"] = torch.cuda.memory_allocated() / 2**30
+        self._record(name, torch.cuda.memory_allocated if self.on else None)
+
+    def _record(self, name: str, allocated) -> None:
+        if allocated is not None:
+            free, total = torch.cuda.mem_get_info(self.device)
+            self.metrics[f"gpu_mem/{name}_gb"] = allocated() / 2**30
+            self.metrics[f"gpu_mem/{name}_device_gb"] = (total - free) / 2**30
             torch.cuda.reset_peak_memory_stats()
 
 

@@ -798,7 +798,7 @@ def setup(cfg: Config, trainable: bool = True) -> tuple[Run, Path | None]:
     if not tok("a 1", add_special_tokens=False)["input_ids"] or tok.eos_token_id is None:
         raise ConfigError(f"model_path {cfg.model_path}: its tokenizer does not load (it encodes nothing or has no "
                           f"eos token: tokenizer.json / tokenizer_config.json missing?)")
-    run = Run(cfg, rank, world, device, Path(cfg.run_dir), tok, eg=engine_group(cfg.engine.tensor_parallel_size),
+    run = Run(cfg, rank, world, device, Path(cfg.run_dir), tok, eg=engine_group(cfg.engine.tensor_parallel_size, cfg.dist_timeout_s),
               sinks=report.metric_sinks(cfg, Path(cfg.run_dir)) if rank == 0 else [])
     if trainable:
         run.policy = build_model(cfg.model_path, device, trainable=True, lora=cfg.lora)

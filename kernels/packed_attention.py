@@ -50,7 +50,8 @@ UNSUPPORTED = ("softcap", "s_aux")  # attention-logit soft-capping (Gemma 2), at
 
 def packed_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, packed_rows=None,
                 sliding_window=None, **kwargs):
-    """query (1, h, S, d), key/value (1, h_kv, S, d) -> (1, S, h, d): causal sdpa within each packed row; with
+    """query (1, h, S, d), key/value (1, h_kv, S, d) -> (1, S, h, d): causal sdpa within each packed row (h_kv < h:
+    grouped-query attention, each K/V head read by h / h_kv query heads without copying it); with
     sliding_window W (the layer's, as the model passes it) query i sees keys j with 0 <= i - j < W, as HF's own
     attention, flash-attn and vLLM do."""
     if packed_rows is None:
@@ -59,9 +60,7 @@ def packed_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=
     bad = [k for k in UNSUPPORTED if kwargs.get(k) is not None]
     if bad:
         raise ValueError(f"packed attention does not implement {bad}: the trainer would train a different model")
-    groups = getattr(module, "num_key_value_groups", 1)
-    if groups > 1:
-        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)  # (1, h, S, d)
+    gqa = key.shape[1] != query.shape[1]  # grouped-query attention: sdpa shares each K/V head, no copies
     out = torch.empty_like(query)  # (1, h, S, d)
     for idx, src, dst in packed_rows:  # gathers and copies by index_select / index_copy_: their backward is cheap on CPU
         q, k, v = (x[0].index_select(1, idx.flatten()).unflatten(1, idx.shape).transpose(0, 1)
@@ -70,7 +69,8 @@ def packed_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=
         i, j = torch.arange(n, device=q.device)[:, None], torch.arange(n, device=q.device)[None, :]
         window = None if sliding_window is None else (j <= i) & (i - j < sliding_window)  # (n, n) keys each query sees
         o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=window, is_causal=window is None,
-                                                             scale=scaling, dropout_p=dropout if module.training else 0.0)
+                                                             scale=scaling, dropout_p=dropout if module.training else 0.0,
+                                                             enable_gqa=gqa)
         out[0].index_copy_(1, dst, o.transpose(0, 1).flatten(1, 2).index_select(1, src))  # (h, m, d) written
     return out.transpose(1, 2), None
 

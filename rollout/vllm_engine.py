@@ -93,7 +93,7 @@ class RolloutEngine:
             self.generate([[0]], [self.sampling(1, 1.0, 1.0, 0, [])])  # some failures (CPU head_dim) show only here
         except Exception as e:  # engine start failures are user-fixable config problems: say what to change
             raise EngineStartError(engine_start_hint(e, cfg)) from e
-        self.sleeping = False
+        self.asleep: set[str] = set()  # what a CUDA sleep freed and no wake brought back: "weights", "kv_cache"
         self.holds_weights = True  # False after a level-2 sleep until the next push_weights
 
     # -- requests ---------------------------------------------------------------------------
@@ -153,23 +153,28 @@ class RolloutEngine:
         """Free weights (level 2) and KV cache for training (CUDA). Abort in-flight work first. Level 2 leaves the
         engine without weights on every device (holds_weights False): the next rollout needs a push first."""
         self.holds_weights = self.holds_weights and self.sleep_level != 2
-        if self.on_cuda and not self.sleeping:
+        if self.on_cuda and not self.asleep:
             self.llm.sleep(level=self.sleep_level)
-            self.sleeping = True
+            self.asleep = {"weights", "kv_cache"}
 
-    def wake(self) -> None:
-        if self.on_cuda and self.sleeping:
-            self.llm.wake_up()
-            self.sleeping = False
+    def wake(self, tags: tuple = ("weights", "kv_cache")) -> None:
+        """Map back what sleep freed (vLLM's wake_up(tags)): the weights alone before a push, the KV cache after it."""
+        todo = [t for t in tags if t in self.asleep]
+        if self.on_cuda and todo:
+            self.llm.wake_up(tags=todo)
+            self.asleep -= set(todo)
 
     def push_weights(self, named_tensors) -> None:
         """Load (name, full tensor) pairs in HF checkpoint format, then drop the now-stale prefix
         cache; under tensor parallel each rank's weight loaders keep its shard of the full tensors.
-        Never call reload_weights without an iterator: that reloads the disk checkpoint."""
-        self.wake()
+        Order (CUDA): weights mapped, push, then the KV cache: the push's temporaries (a gathered tensor, vLLM's
+        per-layer copy) use the room the KV cache takes once awake. Never call reload_weights without an
+        iterator: that reloads the disk checkpoint."""
+        self.wake(("weights",))
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors,
                                                           "is_checkpoint_format": True})
         self.llm.collective_rpc(refresh_tied_head)
+        self.wake(("kv_cache",))
         self.llm.reset_prefix_cache()
         self.holds_weights = True
 

@@ -51,3 +51,17 @@ def test_ranks_hold_their_shards_and_export_from_rank_0(big, tmp_path):
     want = AutoModelForCausalLM.from_pretrained(big).state_dict()
     for name, t in AutoModelForCausalLM.from_pretrained(export, dtype=torch.bfloat16).state_dict().items():
         assert t.dtype == torch.bfloat16 and torch.equal(t, want[name].to(torch.bfloat16)), name
+
+
+def test_export_writes_the_models_generation_config(world_of_one, tiny, tmp_path):
+    """The export carries the model's generation_config.json (stop tokens, default sampling): without it vLLM and
+    transformers serve the export with their own defaults. Here the source folder has a non-default one."""
+    import model
+    from transformers import AutoTokenizer, GenerationConfig
+    src = tmp_path / "src"
+    shutil.copytree(tiny / "model", src)
+    GenerationConfig(eos_token_id=[0, 7], temperature=0.7, top_p=0.8, do_sample=True).save_pretrained(src)
+    policy = model.build_model(str(src), torch.device("cpu"), trainable=True)
+    model.export_hf(policy, AutoTokenizer.from_pretrained(src), tmp_path / "export")
+    got = GenerationConfig.from_pretrained(tmp_path / "export")
+    assert (got.eos_token_id, got.temperature, got.top_p) == ([0, 7], 0.7, 0.8), got

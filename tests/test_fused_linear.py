@@ -32,9 +32,15 @@ SHAPES = {"torch": (37, 19, 1001), "triton": (13, 11, 301)}  # (N, H, V); interp
 def small_chunks(monkeypatch):
     """Chunks of 2 tokens at V = 1001 (N = 37), 6 at V = 301 (N = 13): ragged last chunks; several vocabulary
     blocks per row."""
-    monkeypatch.setattr(FUSED_LINEAR, "_CHUNK_LOGITS", 2100)
+    chunk_logits(monkeypatch, 2100)
     if DEV == "cpu":
         monkeypatch.setattr(importlib.import_module("kernels.token_logprobs"), "MAX_BLOCK_V", 128)
+
+
+def chunk_logits(monkeypatch, n: int) -> None:
+    """Chunks of n // V tokens on every device: CUDA tensors take _CHUNK_LOGITS_CUDA, CPU ones _CHUNK_LOGITS."""
+    monkeypatch.setattr(FUSED_LINEAR, "_CHUNK_LOGITS", n)
+    monkeypatch.setattr(FUSED_LINEAR, "_CHUNK_LOGITS_CUDA", n)
 
 
 def make_linear(N, H, V, dtype, bias, seed=0):
@@ -121,9 +127,28 @@ def test_fused_linear_ppo_loss(impl, dtype, case):
 @pytest.mark.skipif(DEV == "cpu", reason="large shapes need CUDA")
 @pytest.mark.parametrize("dtype", TOL, ids=str)
 def test_fused_linear_ppo_loss_large(dtype, monkeypatch):
-    """Qwen2.5-0.5B's head (H = 896, V = 151936), N = 300: default-size chunks (55 tokens), the last ragged."""
-    monkeypatch.setattr(FUSED_LINEAR, "_CHUNK_LOGITS", DEFAULT_CHUNK_LOGITS)
+    """Qwen2.5-0.5B's head (H = 896, V = 151936), N = 300: chunks of 55 tokens (the CPU default's size, also on
+    CUDA, whose own default would take all 300 in one), the last ragged."""
+    chunk_logits(monkeypatch, DEFAULT_CHUNK_LOGITS)
     check_fused_linear("triton", dtype, "all-terms", 300, 896, 151936)
+
+
+@pytest.mark.parametrize("dtype", TOL, ids=str)
+def test_weight_gradient_accumulates_over_ragged_chunks(dtype, monkeypatch):
+    """A realistic hidden size (H = 896), several chunks with a ragged last one, and a weight gradient that is not
+    zero when backward runs (an earlier micro-batch's): W.grad ends as that gradient plus this loss's, the chunks'
+    dW summed in fp32 (CUDA: the full head, V = 151936, 300 tokens in 7 chunks; CPU: V = 4099, 37 tokens in 6)."""
+    N, V = (300, 151936) if DEV == "cuda" else (37, 4099)
+    chunk_logits(monkeypatch, V * (N // 6))  # C = N // 6: 6 full chunks and a ragged 7th on CUDA; 5 + 1 on CPU
+    (h, W, _), (h64, W64, _), tgt = make_linear(N, 896, V, dtype, False, seed=4)
+    old, adv, ref, w, onp = ppo_inputs(ref_token_logprobs(ref_logits(h64, W64, None, dtype), tgt, 1.0)[0])
+    earlier = (torch.randn(W.shape, generator=torch.Generator().manual_seed(5)) * 1e-3).to(dtype).to(DEV)
+    W.grad = earlier.clone()
+    loss = fused_linear_ppo_loss(h, W, tgt, old, adv, w, 0.2, 0.28, None, None, 0.0, 1.0, 0.0, impl="auto")[0]
+    loss.backward()
+    want = ref_linear_ppo(h64, W64, None, dtype, tgt, old, adv, None, w, None, 1.0, 0.0, None, 0.0)[0]
+    (dW64,) = torch.autograd.grad(want, [W64])
+    close(W.grad, earlier.double() + dW64, TOL[dtype]["grad"], "W.grad", scaled=True)
 
 
 @pytest.mark.parametrize("impl", ["triton", "torch"])

@@ -46,7 +46,7 @@ def test_a_level2_sleep_makes_the_next_wake_push():
     from rollout.vllm_engine import RolloutEngine
 
     class Engine:  # the state RolloutEngine.sleep / wake read, on a machine without CUDA
-        on_cuda, sleeping, holds_weights = False, False, True
+        on_cuda, asleep, holds_weights = False, set(), True
 
         def __init__(self, level):
             self.sleep_level = level
@@ -76,13 +76,102 @@ def test_memory_is_reported_per_phase(monkeypatch):
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: state.update(peak=state["alloc"]))
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: state["peak"])
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: state["alloc"])
+    # the device (141 GiB): what is mapped now; while asleep vLLM's 40 GiB pool is unmapped but torch still counts it
+    device = {"used": 0}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev: ((141 - device["used"]) * 2**30, 141 * 2**30))
     alloc(100 * 2**30), alloc(2 * 2**30)  # an earlier step's high water mark
     mem = report.MemoryPeaks(torch.device("cuda", 0))
-    alloc(60 * 2**30), alloc(50 * 2**30)  # rollout: weights + KV cache
+    alloc(60 * 2**30), alloc(50 * 2**30)  # rollout: weights + KV cache (40 GiB of it vLLM's pool)
+    device["used"] = 50
     mem.peak("rollout_peak")
-    alloc(3 * 2**30)  # the engine sleeps
+    alloc(43 * 2**30)  # the engine sleeps: its pool unmapped, its tensors still counted by torch
+    device["used"] = 3
     mem.now("asleep")
-    alloc(20 * 2**30), alloc(4 * 2**30)  # the update
+    alloc(60 * 2**30), alloc(44 * 2**30)  # the update: 17 GiB of its own at the peak, 1 GiB after
+    device["used"] = 4
     mem.peak("train_peak")
-    assert mem.metrics == {"gpu_mem/rollout_peak_gb": 60.0, "gpu_mem/asleep_gb": 3.0, "gpu_mem/train_peak_gb": 20.0}
+    assert mem.metrics == {"gpu_mem/rollout_peak_gb": 60.0, "gpu_mem/rollout_peak_device_gb": 50.0,
+                           "gpu_mem/asleep_gb": 43.0, "gpu_mem/asleep_device_gb": 3.0,
+                           "gpu_mem/train_peak_gb": 60.0, "gpu_mem/train_peak_device_gb": 4.0}
     assert report.MemoryPeaks(torch.device("cpu")).metrics == {}
+
+
+def test_push_maps_the_weights_then_pushes_then_the_kv_cache():
+    """After a CUDA sleep, push_weights wakes the weights alone, loads the pushed tensors (consumed inside the reload),
+    rebuilds a tied head, and only then maps the KV cache and drops the prefix cache (vLLM's wake_up(tags=...)): the
+    push's temporaries use the room the KV cache takes once awake. A plain wake (LoRA, evaluation) maps the rest."""
+    from rollout.vllm_engine import RolloutEngine, refresh_tied_head
+    calls = []
+
+    class LLM:  # the vllm.LLM calls the engine makes, recorded
+        def sleep(self, level):
+            calls.append(("sleep", level))
+
+        def wake_up(self, tags=None):
+            calls.append(("wake_up", tuple(tags)))
+
+        def collective_rpc(self, method, kwargs=None):
+            if kwargs:
+                calls.append(("reload", [n for n, _ in kwargs["weights_iterator"]]))
+            else:
+                calls.append(("rpc", method))
+
+        def reset_prefix_cache(self):
+            calls.append(("reset_prefix_cache",))
+    engine = object.__new__(RolloutEngine)
+    engine.llm, engine.on_cuda, engine.sleep_level, engine.asleep, engine.holds_weights = LLM(), True, 2, set(), True
+    engine.sleep()
+    engine.push_weights(iter([("a", 1), ("b", 2)]))
+    assert calls == [("sleep", 2), ("wake_up", ("weights",)), ("reload", ["a", "b"]), ("rpc", refresh_tied_head),
+                     ("wake_up", ("kv_cache",)), ("reset_prefix_cache",)], calls
+    assert engine.holds_weights and not engine.asleep
+    calls.clear()
+    engine.sleep()
+    engine.wake()
+    assert calls == [("sleep", 2), ("wake_up", ("weights", "kv_cache"))], calls
+
+
+def test_push_gathers_each_weight_in_the_push_dtype(world_of_one, tiny, monkeypatch):
+    """full_named_tensors(model, bf16) casts each FSDP2 shard before the gather: every full tensor is built in bf16
+    (gathering in fp32 and casting after would hold both copies of a 152k x 5120 embedding: 3.1 + 1.6 GB)."""
+    import torch
+    from torch.distributed.tensor import DTensor
+    import model
+    policy = model.build_model(str(tiny / "model"), torch.device("cpu"), trainable=True)
+    gathered, real = [], DTensor.full_tensor
+    monkeypatch.setattr(DTensor, "full_tensor", lambda self, **kw: gathered.append(self.dtype) or real(self, **kw))
+    out = dict(model.full_named_tensors(policy, torch.bfloat16))
+    assert gathered and set(gathered) == {torch.bfloat16}, set(gathered)
+    assert {t.dtype for t in out.values()} == {torch.bfloat16} and len(out) == len(gathered)
+
+
+def test_no_grad_forwards_leave_the_root_sharded(world_of_one, tiny):
+    """FSDP2 keeps the root module's parameters (embedding, head) unsharded after a forward, for the backward; a
+    no-grad forward (old log-probs, the frozen reference, the PRM's rewards) has none, so the packed forward reshards
+    them: 2-3 GB per rank on a 7B+ model otherwise. A gradient forward keeps them for its backward."""
+    import torch
+    from torch.distributed.tensor import DTensor
+    import model
+    ref = model.build_model(str(tiny / "model"), torch.device("cpu"), trainable=False)
+    rows = [model.Row([5, 6, 7], [8, 9])]
+    with torch.no_grad():
+        model.response_logprobs(ref, rows, torch.device("cpu"), 1.0)
+    assert isinstance(ref.model.embed_tokens.weight, DTensor), "the root stayed unsharded after a no-grad forward"
+    policy = model.build_model(str(tiny / "model"), torch.device("cpu"), trainable=True)
+    logp = model.response_logprobs(policy, rows, torch.device("cpu"), 1.0)[0]
+    assert not isinstance(policy.model.embed_tokens.weight, DTensor), "a gradient forward's root was resharded"
+    logp.sum().backward()
+
+
+def test_engine_group_collectives_wait_dist_timeout_s(monkeypatch):
+    """The engine groups' subgroups get the run's dist_timeout_s (NCCL's default would stop them after 10 min)."""
+    import datetime
+    import torch.distributed as dist
+    import model
+    seen = []
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 1)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 4)
+    monkeypatch.setattr(dist, "new_subgroups", lambda **kw: seen.append(kw) or ("pg", None))
+    eg = model.engine_group(2, timeout_s=7200.0)
+    assert (eg.index, eg.count, eg.member, eg.pg) == (0, 2, 1, "pg")
+    assert seen == [{"group_size": 2, "timeout": datetime.timedelta(seconds=7200)}], seen
