@@ -67,14 +67,15 @@ def test_ranks_with_different_parameters_stop_naming_the_difference(tiny_tied, t
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("nproc", [1, 2])
-def test_tied_model_trains_resumes_and_exports(tiny_tied, tmp_path, nproc):
+@pytest.mark.parametrize("nproc,lora", [(1, 0), (2, 0), (2, 8)], ids=["1-rank", "2-ranks", "2-ranks-lora"])
+def test_tied_model_trains_resumes_and_exports(tiny_tied, tmp_path, nproc, lora):
     """3 GRPO steps with the real engine: the engine samples from the pushed policy at every step (mismatch k3 of
     the trainer's against the engine's log-probs near zero; a stale head gives about 0.1 and more), a resume adds a
-    4th step, and the export loads in transformers, tied, with the last checkpoint's weights."""
+    4th step, and the export loads in transformers, tied, with the last checkpoint's weights (LoRA: the adapter,
+    which PEFT loads onto the tied base)."""
     from safetensors.torch import load_file
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-    args = rl_args(tiny_tied, tmp_path / "run", "--lr=1e-2")
+    args = rl_args(tiny_tied, tmp_path / "run", "--lr=1e-2", *([f"--lora.rank={lora}"] if lora else []))
     p = run(trainer_cmd(nproc, *[a if a != "--steps=4" else "--steps=3" for a in args]))
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     p = run(trainer_cmd(nproc, *args, "--resume=auto"))
@@ -85,10 +86,18 @@ def test_tied_model_trains_resumes_and_exports(tiny_tied, tmp_path, nproc):
         assert m["mismatch/kl_k3"] < 1e-4, f"step {m['step']}: the engine did not sample from the pushed policy: {m}"
     assert steps[-1]["push_bytes"] > 0 and steps[-1]["grad_norm"] > 0
     export = tmp_path / "run" / "export"
-    saved = load_file(str(export / "model.safetensors"))
-    assert "lm_head.weight" not in saved, "a tied export stores the head once, as the embedding"
     dcp_to_torch_save(tmp_path / "run" / "checkpoints" / "step_000004" / "dcp", tmp_path / "final.pt")
     final = torch.load(tmp_path / "final.pt", weights_only=False)["policy"]
+    if lora:
+        from peft import PeftModel
+        base = AutoModelForCausalLM.from_pretrained(tiny_tied / "model")
+        loaded = PeftModel.from_pretrained(base, export)
+        trained = {n: t for n, t in loaded.named_parameters() if "lora_" in n}
+        assert trained and all(torch.equal(t, final[n]) for n, t in trained.items()), sorted(trained)[:3]
+        assert base.lm_head.weight is base.model.embed_tokens.weight
+        return
+    saved = load_file(str(export / "model.safetensors"))
+    assert "lm_head.weight" not in saved, "a tied export stores the head once, as the embedding"
     loaded = AutoModelForCausalLM.from_pretrained(export)
     assert loaded.lm_head.weight is loaded.model.embed_tokens.weight, "the export does not load tied"
     for name, t in loaded.state_dict().items():
