@@ -175,6 +175,21 @@ MUTANTS = [
     ("fused lm_head op ignores on_policy", "kernels/fused_linear.py",
      "old = ins[0] if on_policy is None else torch.where(ins[4], logp, ins[0])", "old = ins[0]",
      ["tests/test_fused_linear.py"]),
+    # tied embeddings and the weight push (issue: review fixes 4)
+    ("ranks other than 0 leave their skeleton untied", "model.py", "            model.tie_weights()\n",
+     "", ["tests/test_tied.py", "-k", "same_tied"]),
+    ("the engine keeps the tied head it packed at start", "rollout/vllm_engine.py",
+     "        self.llm.collective_rpc(refresh_tied_head)\n", "", ["tests/test_engine.py", "-k", "push_parity and tied"]),
+    ("push maps the KV cache before the weights arrive", "rollout/vllm_engine.py", 'self.wake(("weights",))',
+     "self.wake()", ["tests/test_gpu_semantics.py", "-k", "maps_the_weights"]),
+    ("push gathers fp32, then casts", "model.py",
+     "        t = p.detach() if dtype is None else p.detach().to(dtype)\n        yield name, t.full_tensor() if hasattr(t, \"full_tensor\") else t",
+     "        t = p.full_tensor() if hasattr(p, \"full_tensor\") else p\n        yield name, t.detach() if dtype is None else t.detach().to(dtype)",
+     ["tests/test_gpu_semantics.py", "-k", "push_dtype"]),
+    ("no-grad forwards keep the root unsharded", "model.py", "            model.reshard()  #", "            pass  #",
+     ["tests/test_gpu_semantics.py", "-k", "root_sharded"]),
+    ("export without the generation config", "model.py", "tok, getattr(model, \"generation_config\", None))", "tok)",
+     ["tests/test_build_export.py", "-k", "generation_config"]),
 ]
 
 
