@@ -142,7 +142,7 @@ def test_tool_faults_become_observations_and_reasons(tool_tok):
         tickets = {"boom": call("boom"), "sleep": call("sleep"), "die": call("die"), "flood": call("flood"),
                    "nope": call("nope"), "bad": call("", "<tool_call>{oops</tool_call>"), "echo": call("echo")}
         got = {k: ep.result(t) for k, t in tickets.items()}
-        assert time.monotonic() - t0 < 30
+        assert time.monotonic() - t0 < 50  # the hung tool (60 s) was cut at 3 s; replaced workers' start-ups count
         reasons = {k: r for k, (_, r) in got.items()}
         assert reasons == {"boom": "tool_error", "sleep": "timeout", "die": "crash", "flood": "truncated",
                            "nope": "unknown_tool", "bad": "malformed", "echo": "ok"}

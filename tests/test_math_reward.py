@@ -80,7 +80,7 @@ def test_pool_scores_timeouts_and_crashes_zero_and_counts_them():
         t0 = time.monotonic()
         out = pool.score([(row, "\\boxed{4}"), (row, "hang"), (row, "die"), (row, "raise"), (row, "\\boxed{5}"),
                           (row, "\\boxed{4}")])
-        assert time.monotonic() - t0 < 15
+        assert time.monotonic() - t0 < 50  # the hung job (60 s) was cut at 2 s; replaced workers' start-ups count
         assert [s for s, _ in out] == [1.0, 0.0, 0.0, 0.0, 0.0, 1.0]
         assert [i["reason"] for _, i in out] == ["ok", "timeout", "crash", "error", "wrong", "ok"]
         assert pool.score([(row, "\\boxed{4}")])[0][0] == 1.0  # replaced workers keep serving
