@@ -238,6 +238,21 @@ def test_overlong_shapes_rewards_by_model_tokens_and_filters_cut_responses():
     assert shaped.tolist() == [1.0] * 3 and stats == {} and not rows[2].mask.any()
 
 
+def test_batch_std_covers_every_rank(world_of_one, tiny, tmp_path, monkeypatch):
+    """scale_std batch through the trainer: the std is over every rank's rewards (here a stand-in second rank holding
+    the same rewards: the statistics doubled), as fp64 GRPO advantages of the doubled batch give."""
+    import trainer
+    from fake_rl import advantages_fp64, run_args, train
+    monkeypatch.setattr(trainer, "sum_over_ranks", lambda t, device: 2 * t.double())
+    res = train(run_args(tiny, tmp_path, "--scale_std=batch"))
+    u = res.updates[0]
+    rewards = [s for g in u.groups for s, _ in g.scores]
+    want = advantages_fp64(res.cfg, rewards + rewards)[:len(rewards)]
+    assert len(set(rewards)) > 1 and want != advantages_fp64(res.cfg, rewards)
+    for i, (r, a) in enumerate(zip(u.rows, want)):
+        assert abs(float(r.adv[0]) - a) < 1e-5, f"row {i}: advantage {float(r.adv[0])}, every rank's std gives {a}"
+
+
 @pytest.fixture
 def base(tiny):
     return [f"--model_path={tiny / 'model'}", f"--train_data={tiny / 'data' / 'rl_train.jsonl'}",
