@@ -10,7 +10,8 @@ Arms (ARMS): ppo (configs/demo.yaml as it is), gspo (the paper's clips 3e-4 / 4e
 paper gives no value), Dr. GRPO (seq-mean-token-sum-norm, no std scaling) and ppo with DAPO's overlong shaping
 (L_cache 32 of max_response_len 160: DAPO's 4096 of 20480). Nothing is tuned per arm: whatever comes out is the
 result. Everything goes under --out (runs/compare): data/, model/, sft/, one run folder per arm; an arm whose run
-finished is not run again (delete its folder to rerun it). Figures: held-out greedy, mean@4 and pass@4 after the
+finished is not run again (delete its folder to rerun it); each run folder records the date and commit it ran at
+(revision.txt), which the doc's header quotes. Figures: held-out greedy, mean@4 and pass@4 after the
 last step (and before the first), the mean clip fraction over the steps, the median seconds per step (the step's
 phases, evaluation excluded); the plot: held-out mean@4 against the step, one line per arm
 (docs/objectives_demo.png). A table, then one JSON line last.
@@ -60,6 +61,15 @@ def build(out: Path, nproc: int, sft: str | None) -> Path:
     return out / "sft" / "export"
 
 
+def revision() -> str:
+    """Today's date and HEAD's short hash, with a note when tracked code (anything but docs) differs from it."""
+    def git(*a):
+        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs", ":!*.md")
+    return f"{datetime.date.today()} at commit {git('rev-parse', '--short', 'HEAD')}" + \
+        (" with local changes" if dirty else "")
+
+
 def finished(run_dir: Path, steps: int) -> bool:
     path = run_dir / "metrics.jsonl"
     return path.is_file() and any(json.loads(line).get("step") == steps and "eval/greedy_acc" in line
@@ -84,8 +94,8 @@ def plot(results: dict) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
-    for arm, f in results.items():
-        ax.plot(*zip(*f["curve"]), marker="o", label=arm)
+    for i, (arm, f) in enumerate(results.items()):  # markers and dashes keep lines that coincide visible
+        ax.plot(*zip(*f["curve"]), marker="os^Dx"[i % 5], linestyle="-" if i % 2 == 0 else "--", label=arm)
     ax.set_xlabel("RL step")
     ax.set_ylabel("held-out mean@4")
     ax.set_title("The demo's RL stage per objective (same SFT model, seed, steps)")
@@ -103,7 +113,7 @@ def table(results: dict) -> list[str]:
     for arm, f in results.items():
         keys = " ".join(f"`{a}`" for a in ARMS[arm]) or "configs/demo.yaml"
         lines.append(f"| {arm} ({keys}) | {f['greedy']:.3f} | {f['mean@4']:.3f} | {f['pass@4']:.3f} | "
-                     f"{f['clip_frac']:.4f} | {f['step_s']:.2f} |")
+                     f"{f['clip_frac']:.3g} | {f['step_s']:.2f} |")
     return lines
 
 
@@ -129,18 +139,15 @@ def main() -> int:
             sh(*launcher(args.nproc), "--config", "configs/demo.yaml", f"--model_path={sft}",
                f"--train_data={out / 'data' / 'rl_train.jsonl'}", f"--eval_data={out / 'data' / 'eval.jsonl'}",
                f"--run_dir={out / arm}", "--overwrite=true", *ARMS[arm])
+            (out / arm / "revision.txt").write_text(revision())
     results = {arm: figures(out / arm) for arm in args.only}
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                           text=True).stdout.strip()
-    header = (f"Measured {datetime.date.today()} at commit {commit}{' (with local changes)' if dirty else ''} by "
-              f"`python benchmarks/compare_objectives.py` ({args.nproc} ranks per run, {os.cpu_count()} CPU cores, "
-              f"{steps} steps per arm, one run each).")
+    runs = sorted({(out / arm / "revision.txt").read_text() for arm in args.only})
+    header = (f"Measured {'; '.join(runs)} by `python benchmarks/compare_objectives.py` ({args.nproc} ranks per run, "
+              f"{os.cpu_count()} CPU cores, {steps} steps per arm, one run each).")
     plot(results)
     write_doc(results, header)
     print("\n".join(table(results)))
-    print(json.dumps({"bench": "compare_objectives", "commit": commit, "nproc": args.nproc,
+    print(json.dumps({"bench": "compare_objectives", "runs": runs, "nproc": args.nproc,
                       "results": {arm: {k: v for k, v in f.items() if k != "curve"} for arm, f in results.items()}}))
     return 0
 
