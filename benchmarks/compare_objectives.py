@@ -23,6 +23,7 @@ import os
 import statistics
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,7 +121,7 @@ def table(results: dict) -> list[str]:
 def write_doc(results: dict, header: str) -> None:
     text = DOC.read_text()
     a, b = text.index(BEGIN) + len(BEGIN), text.index(END)
-    DOC.write_text(text[:a] + "\n" + header + "\n\n" + "\n".join(table(results)) + "\n\n"
+    DOC.write_text(text[:a] + "\n" + textwrap.fill(header, 116) + "\n\n" + "\n".join(table(results)) + "\n\n"
                    + f"![held-out mean@4 per step, one line per objective]({PLOT.name})\n" + text[b:])
 
 
