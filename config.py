@@ -214,6 +214,21 @@ def validate(cfg, world: int) -> None:
                           f"{cfg.prime.filter_low}/{cfg.prime.filter_high}")
     if cfg.prime.enabled and cfg.n_samples < 2:
         raise ConfigError("prime.enabled needs n_samples >= 2 (RLOO baselines)")
+    if cfg.objective == "gspo" and (cfg.prime.enabled or cfg.correction.mode in ("token_truncate", "token_mask")):
+        raise ConfigError("objective gspo takes one advantage and one weight per sequence: PRIME's per-token "
+                          "advantages and token-level corrections need objective gspo_token (or a sequence correction)")
+    if cfg.dual_clip is not None and cfg.objective != "ppo":
+        raise ConfigError(f"dual_clip bounds objective ppo's token clip; objective {cfg.objective} has none: set "
+                          f"dual_clip null")
+    if cfg.scale_std != "group" and (cfg.advantage != "grpo" or cfg.prime.enabled):
+        raise ConfigError(f"scale_std={cfg.scale_std} scales GRPO's advantages; RLOO and PRIME have their own "
+                          f"(leave scale_std at group)")
+    if not 0 <= cfg.overlong.buffer < cfg.max_response_len:
+        raise ConfigError(f"overlong.buffer={cfg.overlong.buffer} must be in [0, max_response_len="
+                          f"{cfg.max_response_len})")
+    if cfg.prime.enabled and (cfg.overlong.buffer or cfg.overlong.filter):
+        raise ConfigError("overlong.buffer / overlong.filter change the outcome rewards and masks PRIME's PRM learns "
+                          "from (its label is the outcome in [0, 1]): turn them off with prime.enabled")
     if not 0 <= cfg.lora.rank <= 512 or not 0 <= cfg.lora.dropout < 1 or cfg.lora.alpha <= 0:
         raise ConfigError(f"lora: rank must be in 0..512 (vLLM's largest LoRA rank), dropout in [0, 1) and alpha > 0, "
                           f"got rank={cfg.lora.rank} dropout={cfg.lora.dropout} alpha={cfg.lora.alpha}")

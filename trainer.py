@@ -43,8 +43,8 @@ from kernels.ppo_loss import token_weights
 from model import (DUMMY, PROJECTIONS, EngineGroup, Row, adapter_disabled, all_gather_list, all_max, all_sum,
                    build_model, check_lockstep, clip_grad_norm, engine_group, export_hf, init_distributed,
                    make_optimizer, micro_batches, packed_forward, push_adapter, push_full, response_logprobs,
-                   shared_map, split_rows, targets_of, trainable_state)
-from rewards.advantages import accuracy_filter, grpo_advantages, rloo_advantages
+                   shared_map, split_rows, sum_over_ranks, targets_of, trainable_state)
+from rewards.advantages import Overlong, accuracy_filter, grpo_advantages, rloo_advantages
 from rewards.pool import RewardPool
 from rewards.prime import Prime
 from rewards.sandbox import SandboxUnavailable, require_isolation
@@ -111,6 +111,12 @@ class ToolsConfig:  # rows whose task names an environment run as multi-turn epi
 
 
 @dataclass
+class OverlongConfig:  # DAPO's overlong handling (Yu et al. 2025; rewards/advantages.py)
+    buffer: int = 0  # L_cache: reward -= 0..1 over the last L_cache tokens of max_response_len (1 if cut); 0 = off
+    filter: bool = False  # responses cut at max_response_len contribute no loss (TRL's mask_truncated_completions)
+
+
+@dataclass
 class LoraConfig:
     rank: int = 0  # r of the policy's LoRA adapters (PEFT); 0 = off: full fine-tuning
     alpha: float = 16.0  # the adapter's update is (alpha / r) B A x
@@ -143,12 +149,14 @@ class Config:
     token_budget: int = 8192  # micro-batch size in real tokens (rows packed, no padding; a shared prompt counts once)
     mini_batches: int = 1  # optimizer steps per RL batch (1 = on-policy up to partial rollout)
     advantage: Literal["grpo", "rloo"] = "grpo"  # group baseline (PRIME, when on, replaces it)
-    scale_std: bool = True  # GRPO: divide by the group's std
+    scale_std: Literal["group", "batch", "none"] = "group"  # GRPO: divide by the std of the group's or batch's rewards
     clip_low: float = 0.2  # PPO clip: ratio >= 1 - clip_low
     clip_high: float = 0.28  # PPO clip: ratio <= 1 + clip_high (asymmetric, DAPO clip-higher)
     dual_clip: float | None = None  # dual clip c (e.g. 3 or 10) for negative advantages; null = off
     kl_coef: float = 0.0  # k3 KL to a frozen reference copy of the initial policy; 0 = no reference
-    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"  # over all ranks
+    objective: Literal["ppo", "gspo", "gspo_token", "cispo"] = "ppo"  # policy term (docs/algorithms.md)
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",  # over all ranks; -norm: Dr. GRPO
+                      "seq-mean-token-sum-norm"] = "token-mean"
     entropy_coef: float = 0.0  # entropy bonus: loss -= entropy_coef * aggregated token entropy
     sft_epochs: int = 1  # SFT passes over train_data (0: run `steps` optimizer steps)
     sft_batch_rows: int = 64  # SFT rows per optimizer step over all ranks
@@ -174,6 +182,7 @@ class Config:
     correction: CorrectionConfig = field(default_factory=CorrectionConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     tools: ToolsConfig = field(default_factory=ToolsConfig)
+    overlong: OverlongConfig = field(default_factory=OverlongConfig)
 
 
 class TrainingError(RuntimeError):
@@ -222,6 +231,7 @@ class Run:
     fill_old: typing.Callable | None = None  # old log-probs: trainer (upfront or from the update) or rollout
     advantages: typing.Callable | None = None  # GRPO, RLOO or PRIME (a Prime object)
     correct: typing.Callable | None = None  # mismatch correction weights, or None
+    overlong: typing.Callable | None = None  # DAPO's overlong shaping / filtering (rewards.advantages.Overlong)
     fresh: bool = False  # trainer old log-probs: the first mini-batch takes this version's tokens on-policy (ratio 1)
     agg: typing.Callable | None = None  # loss_agg's token weights (kernels.ppo_loss.token_weights)
     sft_data: list = field(default_factory=list)  # SFT: (prompt ids, completion ids, assistant-token mask or None)
@@ -234,12 +244,13 @@ class Run:
 
     # fields state_dict() leaves out on purpose: rebuilt from the config, or derived (tests check the list)
     STATELESS = ("cfg", "rank", "world", "device", "run_dir", "tok", "ref", "engine", "eg", "pool", "episodes",
-                 "eval_rows", "keep_group", "push", "fill_old", "correct", "fresh", "agg", "sft_data", "engine_version",
-                 "sinks")
+                 "eval_rows", "keep_group", "push", "fill_old", "correct", "overlong", "fresh", "agg", "sft_data",
+                 "engine_version", "sinks")
 
     def __post_init__(self):
         """Strategies that follow from the config alone."""
-        self.agg = self.agg or functools.partial(token_weights, agg=self.cfg.loss_agg)
+        self.agg = self.agg or functools.partial(token_weights, agg=self.cfg.loss_agg,
+                                                 max_len=self.cfg.max_response_len)
         self.push = self.push or (push_adapter if self.cfg.lora.rank else push_full)
         self.eg = self.eg or EngineGroup(self.rank, self.world, 0, 1, None)  # t = 1: every rank its own engine
 
@@ -344,7 +355,9 @@ def rl_step(run: Run, step: int) -> dict:
                 fresh=torch.tensor(tr.versions, dtype=torch.long) == version if run.fresh else None,
                 mask=torch.tensor(tr.model_mask()) if tr.obs_spans else None) for tr in trajs]
     with t("advantages"):  # 6. advantages per token (GRPO / RLOO broadcast a sample's; PRIME steps its PRM first)
-        adv_stats = run.advantages(rows, rewards)
+        shaped, overlong = run.overlong(rows, rewards, [tr.finish_reason == "length" for tr in trajs]) \
+            if run.overlong else (rewards, {})  # DAPO: length penalty added, truncated responses filtered out
+        adv_stats = run.advantages(rows, shaped)
     if run.correct:  # rollout-training mismatch correction weights (TIS / MIS) of the model's tokens, detached
         for r, tr in zip(rows, trajs):
             m = model_tokens(r)
@@ -357,7 +370,7 @@ def rl_step(run: Run, step: int) -> dict:
         ustats = policy_update(run, rows)
     mem.peak("train_peak")
     return {"step": step, "push_bytes": pushed, **step_metrics(run, version, trajs, rewards, reasons, rstats, t.s),
-            **ustats, **adv_stats, **mismatch_metrics(run, rows, trajs), **mem.metrics,
+            **ustats, **adv_stats, **overlong, **mismatch_metrics(run, rows, trajs), **mem.metrics,
             **{f"time/{k}": v for k, v in t.s.items()}}  # 8. metrics
 
 
@@ -548,8 +561,9 @@ def policy_update(run: Run, rows: list[Row]) -> dict:
             fresh = cat([r.fresh if m == 0 and r.fresh is not None else torch.zeros(len(r.response), dtype=torch.bool)
                          for r in batch]).bool()  # (N,)
             ref = torch.cat(frozen_reference(run, batch)) if cfg.kl_coef > 0 else None
-            out = packed_forward(run.policy, batch, run.device, ppo_head(cfg, targets_of(batch, run.device), old, adv,
-                                                                           wt, ref, torch.isnan(old) | fresh))
+            lens = torch.tensor([len(r.response) for r in batch], device=run.device)  # (S,) the packed rows' lengths
+            out = packed_forward(run.policy, batch, run.device, ppo_head(cfg, targets_of(batch, run.device), lens, old,
+                                                                           adv, wt, ref, torch.isnan(old) | fresh))
             loss, logp, s = out
             loss.backward()
             for r, lp in zip(batch if mb else [], split_rows(logp, batch)):
@@ -565,15 +579,16 @@ def policy_update(run: Run, rows: list[Row]) -> dict:
             "ratio_max": all_max(float(ratio_max), run.device), "grad_norm": sums["grad_norm"]}
 
 
-def ppo_head(cfg: Config, targets, old, adv, w, ref, on_policy):
-    """A packed_forward fn: (h (N, H), weight (V, H)) -> (loss = sum_t w_t (ppo_t - entropy_coef * ent_t), logp (N,)
-    detached, sums over tokens with w > 0 of clip/kl/entropy) through kernels.fused_linear_ppo_loss: no (N, V)
-    logits. on_policy (N,) bool: tokens whose old log-prob is this forward's own (ratio exactly 1): those old is nan
-    for, and the first pass over tokens the current policy sampled."""
+def ppo_head(cfg: Config, targets, lens, old, adv, w, ref, on_policy):
+    """A packed_forward fn: (h (N, H), weight (V, H)) -> (loss = sum_t w_t (l_t - entropy_coef * ent_t), logp (N,)
+    detached, sums over tokens with w > 0 of clip/kl/entropy) through kernels.fused_linear_ppo_loss with the run's
+    objective (l_t: PPO's token clip, GSPO's sequence term over the rows of lens (S,), CISPO's): no (N, V) logits.
+    on_policy (N,) bool: tokens whose old log-prob is this forward's own (ratio exactly 1): those old is nan for,
+    and the first pass over tokens the current policy sampled."""
     def fn(h, weight):
         loss, logp, _, s = fused_linear_ppo_loss(h, weight, targets, old, adv, w, cfg.clip_low, cfg.clip_high,
                                                  cfg.dual_clip, ref, cfg.kl_coef, cfg.temperature, cfg.entropy_coef,
-                                                 on_policy=on_policy)
+                                                 on_policy=on_policy, objective=cfg.objective, seq_lens=lens)
         n = float((w > 0).sum())
         return loss, logp, {"clip_frac": s["clip_frac"] * n, "approx_kl": s["approx_kl"] * n,
                             "entropy": s["entropy"] * n, "ratio_max": s["ratio_max"], "tokens": n}
@@ -924,7 +939,9 @@ def train_rl(cfg: Config) -> None:
     run.prompts = PromptSource(rows, cfg.seed, run.eg.index, run.eg.count)
     if cfg.kl_coef > 0 or (cfg.prime.enabled and cfg.prime.ref == "frozen"):
         run.ref = run.policy if cfg.lora.rank else build_model(cfg.model_path, run.device, trainable=False)
-    estimator = {"grpo": lambda r, k: grpo_advantages(r, k, cfg.scale_std), "rloo": rloo_advantages}[cfg.advantage]
+    every_rank = functools.partial(sum_over_ranks, device=run.device)
+    estimator = {"grpo": lambda r, k: grpo_advantages(r, k, cfg.scale_std, reduce=every_rank),
+                 "rloo": rloo_advantages}[cfg.advantage]
     reference = policy_reference if cfg.prime.ref == "policy" else frozen_reference
     run.advantages = Prime(cfg, run.device, lambda batch: reference(run, batch)) if cfg.prime.enabled \
         else group_advantages(estimator, cfg.n_samples)
@@ -933,6 +950,8 @@ def train_rl(cfg: Config) -> None:
     run.keep_group = run.keep_group and (lambda g, f=run.keep_group: f(run, g))
     run.fill_old, run.fresh = old_logprob_strategy(cfg)
     run.correct = mismatch.correction(cfg.correction.mode, cfg.correction.low, cfg.correction.threshold)
+    o = cfg.overlong
+    run.overlong = Overlong(cfg.max_response_len, o.buffer, o.filter, every_rank) if o.buffer or o.filter else None
     run.episodes = start_episodes(run, rows + run.eval_rows)
     run.pool, run.engine = RewardPool(cfg.reward_workers, cfg.reward_timeout_s), start_engine(run)
     run.scheduler = CoprisScheduler(

@@ -12,8 +12,10 @@ in a fresh subprocess, peak RSS during the call (VmHWM reset just before) minus 
 the fwd+bwd figure includes the dlogits both paths must return, and "beyond dlogits" subtracts its N*V*elt bytes.
 CPU, fused lm_head -> PPO loss: fused_linear_ppo_loss against the unfused path (logits = h @ W.T, then
 fused_logits_ppo_loss's CPU path, token_logprobs + ppo_loss; the trainer itself runs the fused op), forward+backward into fp32
-leaves h (T, H) and W (V, H) at T=4096, H=896, V=151936 (Qwen2.5-0.5B's head: logits are 2.5 GB in fp32). Each
-path runs once in a fresh subprocess: peak RSS growth during the call as above, its wall time and its CPU time.
+leaves h (T, H) and W (V, H) at T=4096, H=896, V=151936 (Qwen2.5-0.5B's head: logits are 2.5 GB in fp32), and the
+fused op with objective gspo (sequences of 256 tokens, every token off-policy: its no-grad first pass covers them
+all, the worst case). Each path runs once in a fresh subprocess: peak RSS growth during the call as above, its wall
+time and its CPU time.
 CUDA: triton.testing.do_bench median (p20, p80) for T x V x dtype, forward-only and forward+backward, for the
 kernels (token_logprobs, two-kernel token_logprobs + ppo_loss, fused logits -> PPO loss), torch eager,
 torch.compile of the same naive code, and Liger-Kernel (selective log-softmax forward, triton_grpo_loss
@@ -148,7 +150,8 @@ def run_cpu(args) -> dict:
 def linear_ppo_step(impl: str, T: int, H: int, V: int, device="cpu", dtype=torch.float32):
     """Forward + backward of the PPO loss (dual clip 10, entropy bonus 0.01, token mean) from leaves h (T, H)
     and W (V, H) (fp32 on CPU; on CUDA the trainer's bf16): impl "fused" (fused_linear_ppo_loss) or "unfused"
-    (h @ W.T, then fused_logits_ppo_loss) -> step() returning the loss; the gradients are dropped after each call."""
+    (h @ W.T, then fused_logits_ppo_loss), or "fused-gspo" (objective gspo, sequences of 256 tokens, no dual clip)
+    -> step() returning the loss; the gradients are dropped after each call."""
     g = torch.Generator().manual_seed(0)
     h = torch.randn(T, H, generator=g).to(device, dtype).requires_grad_(True)
     W = (torch.randn(V, H, generator=g) / H ** 0.5).to(device, dtype).requires_grad_(True)
@@ -160,6 +163,10 @@ def linear_ppo_step(impl: str, T: int, H: int, V: int, device="cpu", dtype=torch
     def step() -> float:
         if impl == "fused":
             loss, *_ = fused_linear_ppo_loss(h, W, tgt, old, adv, w, dual_clip=10.0, entropy_coef=0.01)
+        elif impl == "fused-gspo":
+            lens = torch.tensor([min(256, T - s) for s in range(0, T, 256)], device=device)  # (S,)
+            loss, *_ = fused_linear_ppo_loss(h, W, tgt, old, adv, w, entropy_coef=0.01, objective="gspo",
+                                             seq_lens=lens)
         else:
             logits = h @ W.T  # (T, V)
             loss, _ = fused_logits_ppo_loss(logits[None], tgt[None], old[None], adv[None], torch.ones(1, T, device=device),
@@ -187,17 +194,18 @@ def linear_worker(args) -> None:
 def run_fused_linear(args) -> dict:
     """Both paths at args.linear_shape, each in its own subprocess -> table rows and the issue's ratio."""
     rows = []
-    for impl in ("unfused", "fused"):
+    for impl in ("unfused", "fused", "fused-gspo"):
         cmd = [sys.executable, __file__, "--linear-worker", impl, "--threads", str(args.threads), "--linear-shape",
                ",".join(map(str, args.linear_shape))]
         out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.split("\n")[-2])
         rows.append(dict(case="linear fwd+bwd", impl=impl, s=round(out["s"], 2), cpu_s=round(out["cpu_s"], 2),
                          peak_extra_MB=round(out["peak"] / 2**20, 1), loss=out["loss"]))
-    unfused, fused = rows
+    unfused, fused, gspo = rows
     print_table(rows, ["case", "impl", "s", "cpu_s", "peak_extra_MB", "loss"])
     return dict(shapes=dict(zip("THV", args.linear_shape), dtype="fp32"), results=rows,
                 fused_linear_mem_ratio=round(fused["peak_extra_MB"] / unfused["peak_extra_MB"], 4),  # goal <= 1/8
                 fused_linear_time_ratio=round(fused["s"] / unfused["s"], 3),
+                gspo_vs_ppo_cpu=round(gspo["cpu_s"] / fused["cpu_s"], 3),
                 fused_linear_cpu_time_ratio=round(fused["cpu_s"] / unfused["cpu_s"], 3),
                 loss_rel_diff=abs(fused["loss"] - unfused["loss"]) / abs(unfused["loss"]))
 
@@ -380,7 +388,7 @@ def main() -> None:
     ap.add_argument("--linear-shape", type=lambda v: tuple(map(int, v.split(","))), default=(4096, 896, 151936),
                     help="CPU: T,H,V of the fused lm_head case (default: Qwen2.5-0.5B's head)")
     ap.add_argument("--memory-worker", choices=["naive", "torch-chunked"], help=argparse.SUPPRESS)
-    ap.add_argument("--linear-worker", choices=["unfused", "fused"], help=argparse.SUPPRESS)
+    ap.add_argument("--linear-worker", choices=["unfused", "fused", "fused-gspo"], help=argparse.SUPPRESS)
     ap.add_argument("--case", choices=CPU_CASES, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.threads:

@@ -3,13 +3,15 @@ A table, then one JSON line last (device, versions, shapes, figures).
 
     python benchmarks/bench_step.py                           # the demo job, 1 process, 2 warm-up + 10 timed steps
     python benchmarks/bench_step.py --nproc 2                 # the same global batch on 2 torchrun ranks
+    python benchmarks/bench_step.py --set objective=gspo --set clip_low=3e-4 --set clip_high=4e-4   # the demo job, GSPO
     python benchmarks/bench_step.py --synthetic --size 1.5b --max_response_len 8192   # training side, no engine
     python benchmarks/bench_step.py --synthetic --size tiny --steps 2                 # CPU smoke size (the test)
 
 Demo job (default). The `make demo` RL job: runs/demo's SFT export and rl_train.jsonl when `make demo`
 has run, else a cached small version of it under --cache (runs/bench_step): the same generators
 (data/arithmetic.py, data/tiny_model.py) with fewer rows and the trainer's SFT mode for --sft_steps steps in one
-process. configs/demo.yaml with --batch_groups=8 (64 completions per step), max_response_len 160, no evaluation.
+process. configs/demo.yaml with --batch_groups=8 (64 completions per step), max_response_len 160, no evaluation,
+and the --set KEY=VALUE trainer overrides (the policy objective, say; the plain step stays PPO's).
 The trainer runs in this process (trainer.train_rl, 1 rank; --nproc N: N torchrun ranks running this script):
 the benchmark wraps trainer.rl_step to time each step (wall clock, slowest rank) and read its time/* phases (those
 of the rank the others wait for, the one with the least rank_wait, so they add up to its step; "other" = wall minus
@@ -297,7 +299,7 @@ def demo_worker(args) -> dict:
                                "--overwrite=true", f"--batch_groups={args.groups}", f"--n_samples={args.n_samples}",
                                f"--copris.concurrency={args.concurrency or args.groups // world * args.n_samples}",
                                f"--max_response_len={args.max_response_len}", f"--steps={args.warmup + args.steps}",
-                               "--save_every=0"])
+                               "--save_every=0", *[f"--{kv}" for kv in args.set]])
     count, steps, trained, memory, threads = TokenCount(), [], [], {}, []
     rl_step, policy_update, plain = trainer.rl_step, trainer.policy_update, None
 
@@ -342,7 +344,7 @@ def demo_worker(args) -> dict:
     return dict(med=med, memory=memory, lengths=lengths, device=device,
                 shapes=dict(job="demo", model_path=model_path, rows_per_step=args.groups * args.n_samples,
                             max_response_len=args.max_response_len, nproc=world,
-                            concurrency_per_rank=cfg.copris.concurrency, torch_threads=threads[-1],
+                            concurrency_per_rank=cfg.copris.concurrency, torch_threads=threads[-1], overrides=args.set,
                             steps=args.steps, warmup=args.warmup))
 
 
@@ -604,6 +606,8 @@ def main() -> int:
                     help="demo: CoPRIS requests in flight per rank (default groups per rank x n: 64 at 8 groups, "
                          "the demo's ratio)")
     ap.add_argument("--cache", default=str(ROOT / "runs" / "bench_step"), help="demo: built job and run dir")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="demo: a trainer config override, repeatable (e.g. --set objective=gspo)")
     ap.add_argument("--sft_steps", type=int, default=200, help="demo: SFT steps when building the job")
     args = ap.parse_args()
     args.groups = args.groups or 8

@@ -3,7 +3,8 @@
     loss, logp, ent, stats = fused_linear_ppo_loss(h, weight, targets, old_logp, adv, w, clip_low=0.2,
                                                    clip_high=0.28, dual_clip=None, ref_logp=None, kl_coef=0.0,
                                                    temperature=1.0, entropy_coef=0.0, grad_scale=1.0, bias=None,
-                                                   on_policy=None, impl="auto", chunk=None)
+                                                   on_policy=None, impl="auto", chunk=None, objective="ppo",
+                                                   seq_lens=None)
     logp, ent = linear_token_logprobs(h, weight, targets, temperature=1.0, with_entropy=False, bias=None,
                                       impl="auto", chunk=None)
 
@@ -19,6 +20,20 @@ lengths and global denominators); tokens with w == 0 contribute nothing to the l
 stats, whatever old_logp / adv / ref_logp hold there (nan included), and get logp = ent = 0.
 stats: python floats clip_frac, approx_kl, ratio_mean, ratio_max, entropy over tokens with w > 0 (one sync).
 The loss is differentiable w.r.t. h, weight and bias; logp and ent are not (use linear_token_logprobs).
+
+objective picks l_i (docs/algorithms.md has the papers and settings; dual_clip is the ppo clip's only):
+    ppo         the clipped token term above (asymmetric, dual clip)
+    cispo       MiniMax-M1: -sg(clamp(r_i, 1 - clip_low, 1 + clip_high)) * adv_i * logp_i (kernels.ppo_loss)
+    gspo_token  GSPO-token (Zheng et al. 2025): the clipped term with r_i := s_j(i) * pi_i / sg[pi_i], s_j the
+                ratio of token i's sequence j: s_j = exp(clamp(mean over j's tokens with w > 0 of
+                (logp - old), -20, 20)); per-token advantages allowed
+    gspo        GSPO: sequence j's term -min(s_j A_j, clamp(s_j, 1 - clip_low, 1 + clip_high) A_j) weighted by
+                W_j = sum of its tokens' w (A constant over the sequence): with loss_agg seq-mean-token-mean the
+                paper's mean over sequences; equal to gspo_token when w and adv are constant over each sequence
+seq_lens (S,) int64: the packed sequences' lengths (sum N), needed by the gspo objectives. Sequence ratios need
+every token's logp before any token's gradient: _gspo_inputs runs a no-grad linear_token_logprobs pass over the
+kept tokens that are not on_policy (on-policy ones contribute logp - old = 0 without it), then the token pass
+above runs with old_i = logp_i - log s_j: one extra GEMM over the off-policy tokens, none when all are on-policy.
 linear_token_logprobs: logp (and ent) for forwards that need only log-probs (old log-probs, reference, PRM,
 SFT's -sum(w * logp)); differentiable w.r.t. h, weight and bias.
 
@@ -47,6 +62,8 @@ from kernels.fused_ppo import _fused_logits_ppo_kernel, hand_over_grads
 from kernels.ppo_loss import _token_loss_torch, ppo_launch_args, ppo_stats
 from kernels.token_logprobs import (_acc_dtype, _token_logprobs_bwd, _token_logprobs_fwd, log_softmax_rows,
                                     logits_grad_rows_, row_launch_args, scaled)
+
+OBJECTIVES = ("ppo", "gspo", "gspo_token", "cispo")  # the policy term (module docstring)
 
 # Logits per token chunk (32 MiB of fp32): at V=151936 that is C=55 tokens. CPU, 1 thread, 2-core machine under
 # load: the three GEMMs of a chunk ran at 20-30 GFLOP/s at C=16..27, 37-59 at C=64 and 46-69 at C=128 (H=896,
@@ -122,9 +139,9 @@ def _ppo_rows_torch(z, scratch, sl, tgt, ins, outs, cfg, write_grad):
     old, adv, ref, w, onp = (None if x is None else x[sl] for x in ins)
     logp.requires_grad_(write_grad)
     with torch.enable_grad():
-        old_c = old if onp is None else torch.where(onp, logp.detach(), old)
+        old_c = old if onp is None else torch.where(onp, logp.detach() + old, old)  # on-policy: old holds an offset
         l, ratio, clipped = _token_loss_torch(logp, old_c, adv, ref, cfg["clip_low"], cfg["clip_high"],
-                                              cfg["dual_clip"], cfg["kl_coef"])
+                                              cfg["dual_clip"], cfg["kl_coef"], cfg["cispo"])
         tok = torch.where(w != 0, w * (l - cfg["entropy_coef"] * ent), 0.0)  # (C,)
         g_logp = torch.autograd.grad(tok.sum(), logp)[0] * cfg["grad_scale"] if write_grad else None
     outs["logp"][sl] = torch.where(w != 0, logp.detach(), 0.0)
@@ -141,7 +158,7 @@ def _ppo_rows_triton(z, scratch, sl, tgt, ins, outs, cfg, write_grad):
     """Triton row step of chunk sl: _fused_logits_ppo_kernel on z (C, V), dlogits written over z."""
     old, adv, ref, w, onp = ins
     ptrs, scalars = ppo_launch_args(old[sl], adv[sl], None if ref is None else ref[sl], cfg["clip_low"],
-                                    cfg["clip_high"], cfg["dual_clip"], cfg["kl_coef"])
+                                    cfg["clip_high"], cfg["dual_clip"], cfg["kl_coef"], cfg["cispo"])
     x = z.unsqueeze(0)  # (1, C, V)
     _fused_logits_ppo_kernel[(z.shape[0],)](
         x, x, tgt, *ptrs, w[sl], w[sl] if onp is None else onp[sl],
@@ -177,8 +194,14 @@ class _FusedLinearPPOLoss(torch.autograd.Function):
 
 def fused_linear_ppo_loss(h, weight, targets, old_logp, adv, w, clip_low=0.2, clip_high=0.28, dual_clip=None,
                           ref_logp=None, kl_coef=0.0, temperature=1.0, entropy_coef=0.0, grad_scale=1.0, bias=None,
-                          on_policy=None, impl="auto", chunk=None):
+                          on_policy=None, impl="auto", chunk=None, objective="ppo", seq_lens=None):
     """h (N, H), weight (V, H) -> (scalar loss, logp (N,), ent (N,), stats); see the module docstring."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+    if dual_clip is not None and objective != "ppo":
+        raise ValueError(f"dual_clip bounds the ppo token clip; objective {objective} has none")
+    if objective.startswith("gspo") and seq_lens is None:
+        raise ValueError(f"objective {objective} needs seq_lens (its sequence ratios)")
     triton_path = use_triton(impl, h, weight, bias, targets, old_logp, adv, w, ref_logp, on_policy)
     valid = w != 0  # (N,)
     acc = _acc_dtype(h)
@@ -187,14 +210,45 @@ def fused_linear_ppo_loss(h, weight, targets, old_logp, adv, w, clip_low=0.2, cl
         return None if x is None else torch.where(valid, x.detach().to(acc), 0.0).contiguous()
 
     ref = ref_logp if kl_coef != 0.0 else None
-    ins = (clean(old_logp), clean(adv), clean(ref), w.detach().to(acc).contiguous(),
-           None if on_policy is None else on_policy.bool().contiguous())
+    old, a, wt = clean(old_logp), clean(adv), w.detach().to(acc).contiguous()
+    onp = None if on_policy is None else on_policy.bool().contiguous()
+    if onp is not None:  # on-policy tokens: old = logp + 0
+        old = torch.where(onp, 0.0, old)
+    if objective.startswith("gspo"):
+        old, a, onp = _gspo_inputs(h, weight, bias, targets, old, a, wt, onp, seq_lens, temperature, impl, chunk,
+                                   objective == "gspo")
+    ins = (old, a, clean(ref), wt, onp)
     cfg = dict(clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, kl_coef=kl_coef,
-               temperature=float(temperature), entropy_coef=float(entropy_coef), grad_scale=float(grad_scale))
+               temperature=float(temperature), entropy_coef=float(entropy_coef), grad_scale=float(grad_scale),
+               cispo=objective == "cispo")
     loss, logp, ent, ratio, clipped = _FusedLinearPPOLoss.apply(
         h, weight, bias, targets.contiguous(), ins, cfg, _needs_grad(h, weight, bias), triton_path, chunk)
-    old = ins[0] if on_policy is None else torch.where(ins[4], logp, ins[0])  # (N,) the old_i of the loss
+    old = old if onp is None else torch.where(onp, logp + old, old)  # (N,) the old_i of the loss
     return loss, logp, ent, ppo_stats(ratio, clipped, logp, old, w, ent)
+
+
+def _gspo_inputs(h, weight, bias, targets, old, adv, w, onp, seq_lens, temperature, impl, chunk, per_sequence):
+    """GSPO's first pass (module docstring): old, adv, w (N,) cleaned, onp (N,) bool or None, seq_lens (S,) ->
+    (old (N,) = -log s_j, adv (N,), on-policy (N,) all True): the token pass then takes old_i = logp_i - log s_j,
+    ratio s_j, d ratio / d logp_i = s_j. per_sequence (gspo): adv_i * wbar_j / w_i with wbar_j the mean of w over
+    j's kept tokens, so the clipped term, positively homogeneous in adv, is weighted by wbar_j (sum over j's tokens:
+    W_j) while the KL and entropy terms keep w_i."""
+    valid = w != 0  # (N,)
+    seq = torch.repeat_interleave(torch.arange(len(seq_lens), device=w.device), seq_lens.to(w.device),
+                                  output_size=len(w))  # (N,) each token's sequence
+    need = valid if onp is None else valid & ~onp  # (N,) kept tokens whose logp - old is not 0 by definition
+    d = torch.zeros_like(old)  # (N,) logp - old
+    if need.any():
+        idx = need.nonzero()[:, 0]
+        with torch.no_grad():
+            lp, _ = linear_token_logprobs(h[idx], weight, targets[idx], temperature, bias=bias, impl=impl, chunk=chunk)
+        d[idx] = lp.to(d.dtype) - old[idx]
+    n = torch.zeros(len(seq_lens), device=w.device, dtype=w.dtype).index_add_(0, seq, valid.to(w.dtype))  # (S,)
+    log_s = (torch.zeros_like(n).index_add_(0, seq, d) / n.clamp(min=1)).clamp(-20, 20)  # (S,) mean log-ratio
+    if per_sequence:
+        wbar = torch.zeros_like(n).index_add_(0, seq, w) / n.clamp(min=1)  # (S,)
+        adv = torch.where(valid, adv * wbar[seq] / torch.where(valid, w, 1.0), 0.0)  # (N,)
+    return -log_s[seq], adv, torch.ones_like(valid)
 
 
 class _LinearTokenLogprobs(torch.autograd.Function):

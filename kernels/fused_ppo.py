@@ -34,11 +34,12 @@ from kernels.token_logprobs import (as_btv, row_grad, row_launch_args, row_lse_e
 def _fused_logits_ppo_kernel(x_ptr, dx_ptr, tgt_ptr, old_ptr, adv_ptr, ref_ptr, w_ptr, onp_ptr, logp_ptr, ent_ptr,
                              loss_ptr, ratio_ptr, clipped_ptr, T, V, stride_b, stride_t, scale2, clip_low, clip_high,
                              dual_clip, kl_coef, entropy_coef, grad_scale, BLOCK_V: tl.constexpr,
-                             HAS_DUAL: tl.constexpr, HAS_KL: tl.constexpr, HAS_ENT_COEF: tl.constexpr,
-                             WRITE_GRAD: tl.constexpr, ON_POLICY: tl.constexpr):
+                             HAS_DUAL: tl.constexpr, HAS_KL: tl.constexpr, CISPO: tl.constexpr,
+                             HAS_ENT_COEF: tl.constexpr, WRITE_GRAD: tl.constexpr, ON_POLICY: tl.constexpr):
     """Row program: logp, ent, w * (l - entropy_coef * ent), ratio, clipped; if WRITE_GRAD the dlogits row of
-    grad_scale * that loss. ON_POLICY: where onp_ptr is nonzero, old = logp (a constant: ratio 1). dx_ptr may be
-    x_ptr (dlogits written over the logits: each block is read before it is written)."""
+    grad_scale * that loss. ON_POLICY: where onp_ptr is nonzero, old = logp + old_ptr's value (a constant: ratio
+    exp(-that offset), 1 for offset 0). dx_ptr may be x_ptr (dlogits written over the logits: each block is read
+    before it is written)."""
     row = tl.program_id(0).to(tl.int64)
     x_row = row_ptr(x_ptr, T, stride_b, stride_t)
     w = tl.load(w_ptr + row)
@@ -48,10 +49,10 @@ def _fused_logits_ppo_kernel(x_ptr, dx_ptr, tgt_ptr, old_ptr, adv_ptr, ref_ptr, 
         logp = row_target_logp(x_row, tgt, scale2, lse2)
         old = tl.load(old_ptr + row)
         if ON_POLICY:
-            old = tl.where(tl.load(onp_ptr + row) != 0, logp, old)
+            old = tl.where(tl.load(onp_ptr + row) != 0, logp + old, old)
         loss, dloss, ratio, clipped = ppo_token(logp, old, tl.load(adv_ptr + row),
                                                 tl.load(ref_ptr + row), clip_low, clip_high, dual_clip, kl_coef,
-                                                HAS_DUAL, HAS_KL)
+                                                HAS_DUAL, HAS_KL, CISPO)
         if WRITE_GRAD:
             g = grad_scale * w
             row_grad(x_row, dx_ptr + row * V, V, tgt, scale2, lse2, ent, g * dloss, -g * entropy_coef, BLOCK_V,

@@ -1,13 +1,16 @@
 """Group-relative advantages. Rows of one group are consecutive: rows g*K .. g*K+K-1 form group g.
-(PRIME's prime_advantages and accuracy_filter are at the end.)
+(PRIME's prime_advantages and accuracy_filter are at the end; DAPO's overlong shaping and filtering after them.)
 
-grpo_advantages: a_i = (r_i - mean_g) / (std_g + eps), std_g = torch.std (unbiased, K-1);
-                 without scale_std: a_i = r_i - mean_g.
+grpo_advantages: a_i = (r_i - mean_g) / (std + eps), std = torch.std (unbiased) of the group's rewards
+                 (scale_std "group"), of the whole batch's, every rank's ("batch": Liu et al. 2025, "Part I:
+                 Tricks or Traps?"), or no division ("none": Dr. GRPO, Liu et al. 2025).
 rloo_advantages: a_i = r_i - mean_{j != i} r_j = K/(K-1) * (r_i - mean_g).
 """
 import torch
 
 from kernels import discounted_returns
+
+SCALES = ("group", "batch", "none")
 
 
 def _groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -17,14 +20,22 @@ def _groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return rewards.view(-1, group_size)  # (G, K)
 
 
-def grpo_advantages(rewards: torch.Tensor, group_size: int, scale_std: bool = True,
-                    eps: float = 1e-6) -> torch.Tensor:
-    """(B,) -> (B,) (r - mean_g) / (std_g + eps), or r - mean_g when scale_std is False."""
+def grpo_advantages(rewards: torch.Tensor, group_size: int, scale_std: str = "group", eps: float = 1e-6,
+                    reduce=None) -> torch.Tensor:
+    """(B,) -> (B,) (r - mean_g) / (std + eps) with the group's std, the batch's or none (module docstring).
+    reduce(t) -> t summed over ranks (a (3,) tensor of count, sum, sum of squares): the batch std covers every
+    rank's rewards (None: this rank's only)."""
+    if scale_std not in SCALES:
+        raise ValueError(f"scale_std must be one of {SCALES}, got {scale_std!r}")
     r = _groups(rewards, group_size).float()  # (G, K)
     a = r - r.mean(dim=1, keepdim=True)
-    if scale_std:
+    if scale_std == "group":
         std = r.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(r[:, :1])
         a = a / (std + eps)
+    elif scale_std == "batch":
+        stats = torch.stack([r.new_tensor(r.numel()), r.sum(), (r * r).sum()]).double()  # (3,) count, sum, squares
+        n, s1, s2 = (stats if reduce is None else reduce(stats)).tolist()
+        a = a / ((max(s2 - s1 * s1 / n, 0.0) / max(n - 1, 1.0)) ** 0.5 + eps)
     return a.reshape(-1)
 
 
@@ -73,3 +84,33 @@ def accuracy_filter(rewards: torch.Tensor, group_size: int, low: float = 0.2, hi
     """(B,) outcome rewards in [0, 1] -> (G,) bool: keep groups whose mean accuracy is in [low, high]."""
     acc = _groups(rewards, group_size).float().mean(1)  # (G,)
     return (acc >= low - 1e-9) & (acc <= high + 1e-9)
+
+
+def overlong_penalty(lengths: torch.Tensor, truncated: torch.Tensor, max_len: int, buffer: int) -> torch.Tensor:
+    """DAPO's soft overlong punishment (Yu et al. 2025, Eq. 13): lengths (B,) |y| in model tokens, truncated (B,) bool
+    -> (B,) R_len = 0 if |y| <= L_max - L_cache, ((L_max - L_cache) - |y|) / L_cache inside the buffer, -1 for a
+    truncated response; L_max = max_len, L_cache = buffer."""
+    inside = ((max_len - buffer) - lengths.double()) / buffer  # (B,) <= 0 past L_max - L_cache
+    return torch.where(truncated, -1.0, inside.clamp(-1.0, 0.0)).float()
+
+
+class Overlong:
+    """DAPO's overlong handling as a step of the advantage phase, before the advantages:
+    shaping (buffer > 0): each sample's reward += overlong_penalty;  filtering (filter): a truncated response's
+    mask becomes all False, so it contributes no loss, no KL and no denominator (TRL's mask_truncated_completions).
+    reduce(t) sums a tensor over ranks (the metrics cover every rank)."""
+
+    def __init__(self, max_len: int, buffer: int, filter: bool, reduce):
+        self.max_len, self.buffer, self.filter, self.reduce = max_len, buffer, filter, reduce
+
+    def __call__(self, rows: list, rewards: torch.Tensor, truncated: list[bool]) -> tuple[torch.Tensor, dict]:
+        """rows (their mask: model tokens), rewards (B,), truncated per row -> (shaped rewards (B,), metrics)."""
+        lengths = torch.tensor([len(r.response) if r.mask is None else int(r.mask.sum()) for r in rows])  # (B,)
+        if self.filter:
+            for r, cut in zip(rows, truncated):
+                r.mask = torch.zeros(len(r.response), dtype=torch.bool) if cut else r.mask
+        if not self.buffer:
+            return rewards, {}
+        pen = overlong_penalty(lengths, torch.tensor(truncated, dtype=torch.bool), self.max_len, self.buffer)  # (B,)
+        n, total = self.reduce(torch.tensor([len(rows), float(pen.sum())])).tolist()
+        return rewards + pen, {"overlong/penalty_mean": total / max(n, 1.0)}

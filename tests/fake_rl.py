@@ -250,16 +250,18 @@ def train(argv: list[str], state: bool = False) -> Result:
 
 
 def advantages_fp64(cfg: trainer.Config, rewards: list[float]) -> list[float]:
-    """GRPO ((r - mean) / (std + 1e-6), unbiased std; or r - mean without scale_std) or RLOO (r - mean of the
-    others) per sample, groups of n_samples consecutive."""
+    """GRPO ((r - mean) / (std + 1e-6) with the group's unbiased std, the whole batch's, or no division: scale_std)
+    or RLOO (r - mean of the others) per sample, groups of n_samples consecutive."""
     n, out = cfg.n_samples, []
+    batch_mean = sum(rewards) / len(rewards)
+    batch_std = math.sqrt(sum((x - batch_mean) ** 2 for x in rewards) / (len(rewards) - 1))
     for g in range(0, len(rewards), n):
         r = rewards[g:g + n]
         mean = sum(r) / n
-        std = math.sqrt(sum((x - mean) ** 2 for x in r) / (n - 1))
+        std = {"group": math.sqrt(sum((x - mean) ** 2 for x in r) / (n - 1)), "batch": batch_std}.get(cfg.scale_std)
         for x in r:
             if cfg.advantage == "rloo":
                 out.append(x - (sum(r) - x) / (n - 1))
             else:
-                out.append((x - mean) / (std + 1e-6) if cfg.scale_std else x - mean)
+                out.append(x - mean if std is None else (x - mean) / (std + 1e-6))
     return out

@@ -15,9 +15,22 @@ def test_grpo_hand_values():
     s = math.sqrt(1 / 3)
     assert torch.allclose(a[:4], torch.tensor([0.5 / s, -0.5 / s, -0.5 / s, 0.5 / s]))
     assert torch.all(grpo_advantages(r, 4)[4:] == 0)  # equal rewards: no signal (eps keeps it finite)
-    assert torch.allclose(grpo_advantages(r, 4, scale_std=False)[:4], torch.tensor([0.5, -0.5, -0.5, 0.5]))
+    assert torch.allclose(grpo_advantages(r, 4, scale_std="none")[:4], torch.tensor([0.5, -0.5, -0.5, 0.5]))
     assert torch.allclose(grpo_advantages(torch.tensor([3.0, 1.0]), 2, eps=1e-6),
                           torch.tensor([1.0, -1.0]) / (math.sqrt(2) + 1e-6))
+
+
+def test_grpo_batch_std_hand_values():
+    """scale_std batch: group means, the std of all 8 rewards (unbiased: sum of squares 1 over 7); with reduce, a
+    rank holding half the batch gets the same values (the statistics summed over ranks)."""
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.5, 0.5])
+    want = torch.tensor([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0]) * math.sqrt(7)
+    assert torch.allclose(grpo_advantages(r, 4, "batch", eps=0.0), want)
+    other = torch.tensor([4.0, r[4:].sum(), (r[4:] ** 2).sum()], dtype=torch.float64)  # the other rank's stats
+    half = grpo_advantages(r[:4], 4, "batch", eps=0.0, reduce=lambda t: t + other)
+    assert torch.allclose(half, want[:4])
+    with pytest.raises(ValueError, match="scale_std"):
+        grpo_advantages(r, 4, scale_std=False)
 
 
 def test_rloo_hand_values():
@@ -61,9 +74,11 @@ def test_masks_and_aggregations():
     tm, _ = ppo_loss(logp, old, adv, mask, agg="token-mean")
     sm, _ = ppo_loss(logp, old, adv, mask, agg="seq-mean-token-mean")
     ss, _ = ppo_loss(logp, old, adv, mask, agg="seq-mean-token-sum")
+    dr, _ = ppo_loss(logp, old, adv, mask, agg="seq-mean-token-sum-norm")  # Dr. GRPO: / (rows x T), T = 3
     assert tm.item() == pytest.approx(-(1 + 1 + 3) / 3)
     assert sm.item() == pytest.approx(-(1 + 3) / 2)
     assert ss.item() == pytest.approx(-(2 + 3) / 2)
+    assert dr.item() == pytest.approx(-(2 + 3) / (2 * 3))
 
 
 def test_k3_kl_term():

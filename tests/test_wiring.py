@@ -30,16 +30,27 @@ RUNS = {
     # second update's policy differs from the initial model (k3 KL > 0)
     "rollout": ("--copris.old_logprob_source=rollout", "--steps=2", "--clip_low=0.1", "--clip_high=0.5",
                 "--dual_clip=2", "--kl_coef=0.5", "--entropy_coef=0.1", "--loss_agg=seq-mean-token-mean",
-                "--temperature=0.6", "--scale_std=false", "--copris.staleness_cap=0", "--eval_samples=3"),
+                "--temperature=0.6", "--scale_std=none", "--copris.staleness_cap=0", "--eval_samples=3"),
     # trainer old log-probs computed before the update, corrected against the engine's (token mask, both bounds)
     "correction": ("--correction.mode=token_mask", "--correction.low=0.3", "--correction.threshold=5"),
     # trainer old log-probs from the update's own forward (ratio 1), RLOO, sequence-sum aggregation
     "trainer": ("--advantage=rloo", "--loss_agg=seq-mean-token-sum"),
+    # GSPO with the paper's clips and aggregation on engine old log-probs (sequence ratios far from 1), batch std
+    "gspo": ("--objective=gspo", "--copris.old_logprob_source=rollout", "--clip_low=3e-4", "--clip_high=4e-4",
+             "--loss_agg=seq-mean-token-mean", "--scale_std=batch", "--kl_coef=0.2"),
+    # CISPO without a lower bound on the IS weight (MiniMax-M1), engine old log-probs
+    "cispo": ("--objective=cispo", "--copris.old_logprob_source=rollout", "--clip_low=1.0", "--clip_high=0.5"),
+    # Dr. GRPO (constant normaliser, no std), DAPO's overlong shaping and filtering: responses of 2..10 tokens, cut at 8
+    "dr-grpo": ("--loss_agg=seq-mean-token-sum-norm", "--scale_std=none", "--overlong.buffer=4",
+                "--overlong.filter=true", "--max_response_len=8"),
 }
 KEYS = {"rollout": ["copris.old_logprob_source", "clip_low", "clip_high", "dual_clip", "kl_coef", "entropy_coef",
                     "loss_agg", "temperature", "scale_std"],
         "correction": ["correction.mode", "correction.low", "correction.threshold"],
-        "trainer": ["advantage", "loss_agg"]}
+        "trainer": ["advantage", "loss_agg"],
+        "gspo": ["objective", "copris.old_logprob_source", "clip_low", "clip_high", "loss_agg", "scale_std"],
+        "cispo": ["objective", "copris.old_logprob_source", "clip_low", "clip_high"],
+        "dr-grpo": ["loss_agg", "scale_std", "overlong.buffer", "overlong.filter"]}
 
 
 def with_default(cfg, key: str):
@@ -56,11 +67,16 @@ def reference_loss(cfg, u) -> float:
     pre-update policy's log-prob (trainer source: valid while every trained token was sampled by that policy) or
     the engine's (rollout source); advantages from the groups' rewards; the correction weight of old against the
     engine's log-prob (0 = masked); loss_agg over the kept tokens; clip, dual clip, k3 KL to the initial model and
-    the entropy bonus at the sampling temperature."""
+    the entropy bonus at the sampling temperature. The objective: PPO's token clip, GSPO's clip of the sequence
+    ratio exp(mean_t (logp - old)) on each of its tokens, or CISPO's clipped weight times -adv logp; DAPO's overlong
+    penalty added to the rewards, cut responses (finish_reason length) out of the loss with overlong.filter."""
     trajs = [t for g in u.groups for t in g.samples]
-    adv = advantages_fp64(cfg, [s for g in u.groups for s, _ in g.scores])
+    cut = [t.finish_reason == "length" for t in trajs]
+    L, c = cfg.max_response_len, cfg.overlong.buffer
+    penalty = [-1.0 if k else min(0.0, ((L - c) - len(t.tokens)) / c) if c else 0.0 for t, k in zip(trajs, cut)]
+    adv = advantages_fp64(cfg, [s + p for (s, _), p in zip((x for g in u.groups for x in g.scores), penalty)])
     terms = []
-    for z, z_ref, r, t, a in zip(u.logits, u.ref_logits, u.rows, trajs, adv):
+    for z, z_ref, r, t, a, k in zip(u.logits, u.ref_logits, u.rows, trajs, adv, cut):
         lsm, ref_lsm = torch.log_softmax(z / cfg.temperature, -1), torch.log_softmax(z_ref / cfg.temperature, -1)
         tokens = torch.tensor(r.response)[:, None]
         logp, ref = lsm.gather(1, tokens)[:, 0], ref_lsm.gather(1, tokens)[:, 0]
@@ -69,8 +85,12 @@ def reference_loss(cfg, u) -> float:
         w = torch.ones_like(logp) if cfg.correction.mode == "none" else torch.tensor(
             reference_weights(cfg.correction.mode, old.tolist(), roll.tolist(), cfg.correction.low,
                               cfg.correction.threshold), dtype=torch.float64)
+        w = w * (0 if cfg.overlong.filter and k else 1)
         ratio = (logp - old).clamp(-20, 20).exp()
-        loss = torch.maximum(-a * ratio, -a * ratio.clamp(1 - cfg.clip_low, 1 + cfg.clip_high))
+        if cfg.objective in ("gspo", "gspo_token") and (w > 0).any():
+            ratio = (logp - old)[w > 0].mean().clamp(-20, 20).exp().expand_as(logp)
+        clipped = ratio.clamp(1 - cfg.clip_low, 1 + cfg.clip_high)
+        loss = -a * clipped * logp if cfg.objective == "cispo" else torch.maximum(-a * ratio, -a * clipped)
         if cfg.dual_clip is not None and a < 0:
             loss = loss.clamp(max=-a * cfg.dual_clip)
         d = (ref - logp).clamp(-20, 20)
@@ -79,7 +99,8 @@ def reference_loss(cfg, u) -> float:
     kept = [int((w > 0).sum()) for w, _ in terms]
     n_tok, n_seq = sum(kept), sum(k > 0 for k in kept)
     agg = {"token-mean": lambda k: 1 / n_tok, "seq-mean-token-mean": lambda k: 1 / (max(k, 1) * n_seq),
-           "seq-mean-token-sum": lambda k: 1 / n_seq}[cfg.loss_agg]
+           "seq-mean-token-sum": lambda k: 1 / n_seq,
+           "seq-mean-token-sum-norm": lambda k: 1 / (n_seq * L)}[cfg.loss_agg]
     return sum(float((w * l).sum()) * agg(k) for (w, l), k in zip(terms, kept))
 
 
