@@ -29,12 +29,13 @@ def specialisations():
                    dict(x_ptr=dt, dx_ptr=dt, tgt_ptr="*i64", old_ptr="*fp32", adv_ptr="*fp32", ref_ptr="*fp32",
                         w_ptr="*fp32", onp_ptr="*i1", logp_ptr="*fp32", ent_ptr="*fp32", loss_ptr="*fp32",
                         ratio_ptr="*fp32", clipped_ptr="*i8", **ROW, **PPO, entropy_coef="fp32", grad_scale="fp32"),
-                   dict(BLOCK_V=4096, HAS_DUAL=ent, HAS_KL=ent, HAS_ENT_COEF=ent, WRITE_GRAD=ent, ON_POLICY=ent))
+                   dict(BLOCK_V=4096, HAS_DUAL=ent, HAS_KL=ent, CISPO=not ent, HAS_ENT_COEF=ent, WRITE_GRAD=ent,
+                        ON_POLICY=ent))
     for flag in (True, False):
         yield ("ppo_loss", "_ppo_loss_kernel",
                dict(logp_ptr="*fp32", old_ptr="*fp32", adv_ptr="*fp32", ref_ptr="*fp32", w_ptr="*fp32",
                     loss_ptr="*fp32", dlogp_ptr="*fp32", ratio_ptr="*fp32", clipped_ptr="*i8", n="i32", **PPO),
-               dict(BLOCK=1024, HAS_DUAL=flag, HAS_KL=not flag))
+               dict(BLOCK=1024, HAS_DUAL=flag, HAS_KL=not flag, CISPO=not flag))
         yield ("prm_reward", "_masked_diff_kernel",
                dict(a_ptr="*fp32", b_ptr="*fp32", m_ptr="*i1", out_ptr="*fp32", n="i32", beta="fp32"),
                dict(BLOCK=1024, HAS_B=flag))
