@@ -5,7 +5,7 @@ DEMO    := runs/demo
 # make demo NPROC=1
 NPROC   ?= $(shell n=$$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); [ "$$n" = 1 ] && echo 1 || echo 2)
 
-.PHONY: install sandbox demo demo-tools test test-slow test-all mutants bench bench-step clean
+.PHONY: install sandbox demo demo-tools test test-slow test-all mutants bench bench-step gpu-wheels clean
 
 install: .venv/.installed sandbox
 
@@ -75,6 +75,16 @@ bench: install
 # The demo job's RL step by phase vs a plain step (builds a small demo job under runs/bench_step without runs/demo).
 bench-step: install
 	$(PY) benchmarks/bench_step.py
+
+# Wheels for the lent GPU machine (benchmarks/gpu_check.sh installs those its image lacks; it has no registry):
+# Python 3.12, x86-64. The pinned packages the project imports that such an image may lack, math-verify's own
+# dependencies, and Liger-Kernel, which the kernel benchmark compares against. Into .whl/ (ignored by git), about 4 MB.
+GPU_WHEELS := $(shell grep -E '^(peft|accelerate|pytest|pyyaml|tqdm|math-verify)==' requirements.txt) \
+	latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2 liger-kernel==0.8.5
+gpu-wheels:
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp -d .whl \
+	  $(foreach p,manylinux_2_28 manylinux_2_27 manylinux_2_17 manylinux2014 manylinux1,--platform $(p)_x86_64) \
+	  $(GPU_WHEELS)
 
 clean:
 	rm -rf runs

@@ -27,8 +27,9 @@ of it. A Qwen2.5-class model (SIZES) with random weights, built on the device by
 (lm_head hook, fully_shard per layer and root, bf16 MixedPrecisionPolicy and gradient checkpointing on CUDA).
 Each step runs trainer.old_from_update (--old_logprobs update: the buffer's forward only; upfront:
 trainer.old_upfront, every row) and trainer.policy_update: the trainer's packed forwards, loss and AdamW.
---checkpoint: then trainer.save_checkpoint, one more update, and trainer.load_checkpoint, which must give back the
-saved parameters exactly. The plain step runs after the trainer's model is freed, on the same rows, so each peak
+--checkpoint: then trainer.save_checkpoint, one more update and a draw from the device's random generator, and
+trainer.load_checkpoint, which must give back the saved parameters and the generator's state (CUDA's on CUDA)
+exactly. The plain step runs after the trainer's model is freed, on the same rows, so each peak
 memory is its own.
 
 Plain step: the unavoidable work of the same step as a user would write it with plain transformers. Demo job: the
@@ -51,7 +52,8 @@ what the model computes on, DUMMY rows and any padding included. padding_frac = 
 shared_prompt_frac = 1 - laid out / real (the row tokens a shared prompt saves). All summed over ranks.
 MFU (CUDA): N = parameters doing matmuls (embedding excluded unless tied to the lm_head); 6N FLOPs per trained laid-out
 token + 2N per forward-only one, attention's quadratic term not counted, over step_s x ranks x --peak_tflops.
-Memory: CPU peak RSS (VmHWM) per rank, the largest; CUDA torch.cuda.max_memory_allocated.
+Memory: CPU peak RSS (VmHWM) per rank, the largest; CUDA torch.cuda.max_memory_allocated and max_memory_reserved,
+and the device's used memory after the steps (torch.cuda.mem_get_info: total - free).
 Every figure is the median over the timed steps of its per-step value (sums such as step_s and plain_step_s are
 formed per step first); the ratios are of those medians. Timings on a shared machine are noise: use a quiet one.
 """
@@ -119,10 +121,17 @@ def timed(out: dict, key: str, device):
 
 
 def peak_memory(device) -> dict:
-    """Since the last reset_peak_memory: this process's peak RSS, and on CUDA the peak allocated; max over ranks."""
-    gpu = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None
-    return {"peak_rss_mib": all_max(rss_bytes("VmHWM") / 2**20, device),
-            "gpu_mem_peak_mib": None if gpu is None else all_max(gpu, device)}
+    """Since the last reset_peak_memory: this process's peak RSS, and on CUDA torch's peak allocated and reserved
+    and the device's used memory now (total - free: torch's cached blocks, the CUDA context, NCCL's buffers); max
+    over ranks."""
+    gpu_keys = ("gpu_mem_peak_mib", "gpu_mem_reserved_peak_mib", "gpu_device_used_mib")
+    out = {"peak_rss_mib": all_max(rss_bytes("VmHWM") / 2**20, device), **dict.fromkeys(gpu_keys)}
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        for key, b in zip(gpu_keys, (torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved(),
+                                     total - free)):
+            out[key] = all_max(b / 2**20, device)
+    return out
 
 
 def reset_peak_memory(device) -> None:
@@ -419,20 +428,31 @@ def weights(model) -> dict:
     return {n: t.clone() for n, t in M.full_named_tensors(model)}
 
 
+def rng_of(device) -> torch.Tensor:
+    """The state of the run device's generator (CUDA's on CUDA, torch's CPU one otherwise)."""
+    return torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
+
+
 def checkpoint_roundtrip(run, step: int, rows: list[Row]) -> dict:
-    """save_checkpoint, one more update (the weights move), load_checkpoint: the loaded weights must equal the
-    saved ones exactly. -> seconds and the largest differences."""
+    """save_checkpoint, one more update (the weights move) and a draw from the device's generator, load_checkpoint:
+    the loaded weights and the generator's state must equal the saved ones exactly. -> seconds, the largest
+    differences, whether the generator came back."""
     out: dict = {}
-    saved = weights(run.policy)
+    saved, rng = weights(run.policy), rng_of(run.device)
     with timed(out, "save_s", run.device):
         path = trainer.save_checkpoint(run, step)
     trainer.policy_update(run, [Row(r.prompt_ids, r.response, r.old_logp, torch.ones(len(r.response)))
                                 for r in rows])  # advantages 1: a group of equal rewards would move nothing
+    torch.rand(1, device=run.device)
     moved = max(float((t - saved[n]).abs().max()) for n, t in M.full_named_tensors(run.policy))
+    rng_moved = not torch.equal(rng_of(run.device), rng)
     with timed(out, "load_s", run.device):
         trainer.load_checkpoint(run, path)
     diff = max(float((t - saved[n]).abs().max()) for n, t in M.full_named_tensors(run.policy))
-    return {**out, "moved_by_update": moved, "max_abs_diff_after_load": diff, "ok": moved > 0 and diff == 0}
+    rng_restored = torch.equal(rng_of(run.device), rng)
+    return {**out, "moved_by_update": moved, "max_abs_diff_after_load": diff, "rng": run.device.type,
+            "rng_moved_by_draw": rng_moved, "rng_restored": rng_restored,
+            "ok": moved > 0 and diff == 0 and rng_moved and rng_restored}
 
 
 def synthetic_worker(args) -> dict:
@@ -576,8 +596,26 @@ def report(args, res: dict) -> dict:
                    response_len_max=lengths[-1],
                    response_len_quantiles=[lengths[min(len(lengths) - 1, round(q * (len(lengths) - 1) / 20))]
                                            for q in range(21)])
+    out["found"] = found(out)
     print(json.dumps(out))
     return out
+
+
+def found(out: dict) -> str:
+    """The main figures in one line (benchmarks/gpu_check.sh's summary)."""
+    line = f"step {out['step_s']:.2f} s vs plain {out['plain_step_s']:.2f} s ({out['step_vs_plain']:.2f}x)"
+    if out.get("tokens_per_s"):
+        line += f", {out['tokens_per_s']:.0f} trained tokens/s"
+    if out.get("mfu") is not None:
+        line += f", MFU {out['mfu']:.3f}"
+    if out["gpu_mem_peak_mib"] is not None:
+        line += f", torch peak {out['gpu_mem_peak_mib']:.0f} MiB, device used {out['gpu_device_used_mib']:.0f} MiB"
+    ck = out.get("checkpoint")
+    if ck:
+        line += (f"; checkpoint {'ok' if ck['ok'] else 'FAILED'}: weights moved {ck['moved_by_update']:.1e} then "
+                 f"{ck['max_abs_diff_after_load']:.1e} off after load, {ck['rng']} generator "
+                 f"{'restored' if ck['rng_restored'] else 'NOT restored'}")
+    return line
 
 
 def main() -> int:

@@ -76,13 +76,19 @@ _CHUNK_LOGITS_CUDA = 1 << 26  # CUDA: C=441 tokens at V=151936 (one program per 
 # about 400 MB of transients in bf16; not yet measured on a GPU (no GPU has been lent to this project)
 
 
+def default_chunk(V: int, cuda: bool) -> int:
+    """Tokens per chunk when the caller gives none: _CHUNK_LOGITS_CUDA // V on CUDA (441 at V=151936),
+    _CHUNK_LOGITS // V on CPU (55), at least 1."""
+    return max(1, (_CHUNK_LOGITS_CUDA if cuda else _CHUNK_LOGITS) // V)
+
+
 def _chunk_logits(h, weight, bias, chunk, with_scratch):
-    """Yields (sl, z, scratch) per chunk of at most chunk tokens (default: _CHUNK_LOGITS // V) covering h's N rows:
+    """Yields (sl, z, scratch) per chunk of at most chunk tokens (default: default_chunk) covering h's N rows:
     z = h[sl] @ weight.T (+ bias) (C, V) in h's dtype and, if with_scratch, a (C, V) scratch in the accumulation
     dtype. Both live in buffers allocated once and overwritten by every chunk (no allocator churn: with fresh
     tensors per chunk glibc kept about three more (C, V) buffers resident, measured at V=151936 on CPU)."""
     N, V = h.shape[0], weight.shape[0]
-    C = max(1, min(N, chunk or (_CHUNK_LOGITS_CUDA if h.is_cuda else _CHUNK_LOGITS) // V))
+    C = max(1, min(N, chunk or default_chunk(V, h.is_cuda)))
     z_buf = torch.empty(C, V, device=h.device, dtype=h.dtype)
     s_buf = torch.empty(C, V, device=h.device, dtype=_acc_dtype(h)) if with_scratch else None
     for s in range(0, N, C):
