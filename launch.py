@@ -71,8 +71,9 @@ def run_contents(run_dir: Path) -> list[str]:
             out.append(f"metrics.jsonl with steps {steps[0]}..{steps[-1]}" if steps else "metrics.jsonl")
         elif name == "checkpoints" and p.is_dir():
             done = [c.name for c in complete_checkpoints(p)]
+            rest = ", ".join(sorted(c.name for c in p.iterdir())) or "empty"
             out.append(f"checkpoints/ ({', '.join(done)})" if done else
-                       f"checkpoints/ with no complete checkpoint ({', '.join(sorted(c.name for c in p.iterdir())) or 'empty'})")
+                       f"checkpoints/ with no complete checkpoint ({rest})")
         elif p.exists():
             out.append(name + "/" * p.is_dir())
     return out

@@ -195,7 +195,8 @@ def report_rl(run_dir: Path, k: int, seconds: float, steps: int) -> None:
     evals = [r for r in map(json.loads, open(run_dir / "metrics.jsonl")) if "eval/greedy_acc" in r]
     if evals:
         cols = ["greedy_acc", f"mean@{k}", f"pass@{k}"] + ["tool_call_rate"] * ("eval/tool_call_rate" in evals[0])
-        print(f"held-out accuracy ({evals[0]['eval/rows']:.0f} prompts)\n{'step':>6}" + "".join(f"{c:>16}" for c in cols))
+        print(f"held-out accuracy ({evals[0]['eval/rows']:.0f} prompts)")
+        print(f"{'step':>6}" + "".join(f"{c:>16}" for c in cols))
         for r in evals:
             print(f"{r['step']:>6}" + "".join(f"{r[f'eval/{c}']:>16.3f}" for c in cols))
     print(f"{steps} steps in {seconds:.0f} s ({steps / max(seconds, 1e-9):.3f} steps/s); metrics: "

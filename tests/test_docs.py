@@ -1,6 +1,8 @@
 """The docs stay honest: every command in a code block of README.md and docs/*.md that runs python, make or
-torchrun names a script, module, make target, config file and config keys that exist, and every docs/ page is
-linked from the README. A renamed key, script or target fails here."""
+torchrun names a script, module, make target, config file and config keys that exist; every backticked name in
+the prose that looks like a config key is one; and every docs/ page is linked from the README. A renamed key,
+script or target fails here."""
+import ast
 import dataclasses
 import re
 import shlex
@@ -28,6 +30,11 @@ def commands(text: str) -> list[str]:
 
 def config_keys() -> set[str]:
     """Every key trainer.Config accepts, sections dotted (lora.rank, tools.max_turns, ...)."""
+    return set(config_fields())
+
+
+def config_fields() -> dict:
+    """Every key trainer.Config accepts -> its type."""
     import trainer
 
     def walk(cls, prefix):
@@ -36,8 +43,83 @@ def config_keys() -> set[str]:
             if dataclasses.is_dataclass(hints[f.name]):
                 yield from walk(hints[f.name], f"{prefix}{f.name}.")
             else:
-                yield prefix + f.name
-    return set(walk(trainer.Config, ""))
+                yield prefix + f.name, hints[f.name]
+    return dict(walk(trainer.Config, ""))
+
+
+PRODUCT = ("trainer.py", "config.py", "launch.py", "report.py", "model.py", "tasks.py", "data", "rewards", "rollout",
+           "kernels")  # not tests/ or benchmarks/: a stale key in a test or a benchmark's command must not excuse one
+
+
+def code_names() -> set[str]:
+    """Every name the product code uses (identifiers, attributes, arguments, keywords) or writes in a string: metric
+    keys, reasons, task names, row fields, vLLM's and the model's argument names. Docs name these too. Attributes
+    of a config (`cfg.x`, `cfg.tools.x`) are left out: those are config keys, and a key renamed in the dataclass
+    alone must not pass for a name the code uses."""
+    out = set()
+    for part in PRODUCT:
+        for path in [ROOT / part] if part.endswith(".py") else sorted((ROOT / part).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    out.update(re.findall(r"\w+", node.value))
+                elif isinstance(node, ast.Attribute) and re.search(r"\bcfg(\.\w+)?$", ast.unparse(node.value)):
+                    continue
+                else:
+                    out.update(v for f in ("id", "attr", "arg", "name") if isinstance(v := getattr(node, f, None), str))
+    return out
+
+
+NOT_KEYS = {  # backticked names in the docs that look like config keys and are not, each with its reason
+    "copris.concurency": "running.md quotes the error a misspelt key gives",
+    "base_model_name_or_path": "a field of PEFT's adapter_config.json (lora.md: the export)",
+    **dict.fromkeys(("step_vs_plain", "update_vs_plain_fwd_bwd", "padding_frac", "shared_prompt_frac",
+                     "old_logprob_share"), "a figure benchmarks/bench_step.py prints (speed.md)"),
+}
+FOREIGN = re.compile(r"(?:TRL|verl|slime|vLLM|PEFT)(?:'s)? $")  # `name` right after these is that tool's name
+
+
+def prose_names(text: str) -> list[tuple[str, str | None]]:
+    """(name, value) for each backticked span outside code blocks that looks like a config key: a word with an
+    underscore or a dotted `section.key` (also `section.*`), alone or as `name: value` / `--name=value`. Spans
+    attributed to another tool ("TRL's `num_generations`") and the cells of a table's TRL / verl columns are
+    theirs, not ours."""
+    sections = {k.split(".")[0] for k in config_fields() if "." in k}
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    out = []
+    for line in text.splitlines():
+        cells = line.split("|")
+        if line.startswith("|") and any(c.strip().startswith(("TRL", "verl")) for c in cells):
+            foreign = [i for i, c in enumerate(cells) if c.strip().startswith(("TRL", "verl"))]  # a header row
+        elif not line.startswith("|"):
+            foreign = []
+        if line.startswith("|"):
+            line = "|".join(c for i, c in enumerate(cells) if i not in foreign)
+        for m in re.finditer(r"`([^`]+)`", line):
+            k = re.fullmatch(r"(?:--)?([a-z][a-z0-9_]*(?:\.(?:[a-z][a-z0-9_]*|\*))?)(?:(?:: |=)(\S+))?", m.group(1))
+            if not k or FOREIGN.search(line[:m.start()]):
+                continue
+            name = k.group(1)
+            if name.split(".")[0] in sections if "." in name else "_" in name:
+                out.append((name, k.group(2)))
+    return out
+
+
+def prose_problems(text: str, fields: dict, names: set[str]) -> list[str]:
+    """Names in prose_names that are neither a config key (with a valid value, when one is given), a section, a
+    name the code uses nor one of NOT_KEYS."""
+    from config import ConfigError, _convert
+    bad = []
+    for name, value in prose_names(text):
+        if name.endswith(".*"):
+            bad += [] if any(k.startswith(name[:-1]) for k in fields) else [f"section {name}"]
+        elif name in fields and value is not None:
+            try:
+                _convert(value, fields[name], name, from_cli=True)
+            except ConfigError as e:
+                bad.append(str(e))
+        elif name not in fields and name not in NOT_KEYS and (name not in names or "." in name):
+            bad.append(f"config key {name}")
+    return bad
 
 
 def make_targets() -> set[str]:
@@ -77,6 +159,26 @@ def test_commands_name_what_exists(doc):
     assert not {c: b for c, b in found.items() if b}, f"{doc.name}: commands naming what does not exist"
 
 
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_names_in_prose_are_config_keys(doc):
+    bad = prose_problems(doc.read_text(), config_fields(), code_names())
+    assert not bad, f"{doc.name}: backticked names that look like config keys and are not: {bad}"
+
+
+def test_the_prose_check_catches_a_renamed_key_and_a_bad_value():
+    fields, names = config_fields(), code_names() - {"eval_every"}
+    del fields["eval_every"]  # as if the key had been renamed (its old name then appears nowhere in the code)
+    text = ("Evaluate every `eval_every` steps; `copris.concurrenzy` is misspelt, `correction.mode: token_trunc`\n"
+            "and `--copris.enabled=maybe` are not values; TRL's `num_generations` and `lora.*` are fine.\n"
+            "| TRL | verl | here |\n|---|---|---|\n| `beta` | `kl_loss_coef` | `kl_coef` |\n"
+            "| `num_iterations` | `actor.ppo_epochs` | `lora.rank: 8`, `copris.*`, `tools.max_turnz` |\n")
+    assert prose_problems(text, fields, names) == [
+        "config key eval_every", "config key copris.concurrenzy",
+        "correction.mode: must be one of ['none', 'token_truncate', 'token_mask', 'sequence_truncate', "
+        "'sequence_mask', 'sequence_geo_mask'], got 'token_trunc'",
+        "copris.enabled: expected true/false, got 'maybe'", "config key tools.max_turnz"]
+
+
 def test_every_docs_page_is_linked_from_the_readme_and_the_readme_is_short():
     readme = (ROOT / "README.md").read_text()
     missing = [p.name for p in DOCS[1:] if f"docs/{p.name}" not in readme]
@@ -93,6 +195,22 @@ def test_the_check_catches_a_renamed_key_script_and_target():
     assert problems("python -m data.arithmetics --out x", keys, targets) == ["module data.arithmetics"]
     assert commands("```\nmake test   # the suite\n.venv/bin/python trainer.py \\\n  --lr=1\n```") == \
         ["make test", ".venv/bin/python trainer.py    --lr=1"]
+
+
+def test_pointers_to_the_docs_name_files_and_sections_that_exist():
+    """configs/, the Makefile and the code cite docs as `docs/X.md` or `README.md`, optionally with a "Section": the
+    file (from the root or the citing folder) and the section heading exist (README sections that moved to docs/
+    left stale pointers)."""
+    bad = []
+    for path in [ROOT / "Makefile", *ROOT.glob("configs/*.yaml"), *(p for part in PRODUCT + ("benchmarks",)
+                 for p in ([ROOT / part] if part.endswith(".py") else (ROOT / part).rglob("*.py")))]:
+        for m in re.finditer(r'\b(README|DESIGN|docs/[\w-]+)(?:\.md)?(?:, "([^"]+)")?', path.read_text()):
+            target = next((d / f"{m.group(1)}.md" for d in (path.parent, ROOT) if (d / f"{m.group(1)}.md").is_file()),
+                          None)
+            heads = re.findall(r"^#+ (.*)", target.read_text(), re.M) if target else []
+            if not target or (m.group(2) and not any(h.startswith(m.group(2)) for h in heads)):
+                bad.append(f"{path.relative_to(ROOT)}: {m.group(0)}")
+    assert not bad, bad
 
 
 def test_data_imports_nothing_above_it():

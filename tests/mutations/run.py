@@ -171,6 +171,8 @@ MUTANTS = [
     ("resume replaces config.yaml without setting it aside", "launch.py",
      "    replaced = old_config.exists() and not same_settings(old_config.read_text(), config)", "    replaced = False",
      ["tests/test_lifecycle.py", "-k", "config_it_replaces"]),
+    ("a config key renamed in the dataclass, not in the docs' prose", "trainer.py", "    eval_every: int = 10",
+     "    eval_interval: int = 10", ["tests/test_docs.py", "-k", "prose_are_config_keys"]),
     ("--resume=auto without a checkpoint starts over in a used run_dir", "launch.py",
      "    if not used or cfg.overwrite or continues(run_dir, ckpt):",
      "    if not used or cfg.overwrite or cfg.resume != \"off\":",
