@@ -4,12 +4,17 @@ the prose that looks like a config key is one; and every docs/ page is linked fr
 script or target fails here."""
 import ast
 import dataclasses
+import json
+import os
 import re
 import shlex
+import subprocess
+import sys
 import typing
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -211,6 +216,69 @@ def test_pointers_to_the_docs_name_files_and_sections_that_exist():
             if not target or (m.group(2) and not any(h.startswith(m.group(2)) for h in heads)):
                 bad.append(f"{path.relative_to(ROOT)}: {m.group(0)}")
     assert not bad, bad
+
+
+def running_a_job() -> tuple[str, list[str]]:
+    """README's "Running a job": (the venv activation it asks for, the commands of its first code block)."""
+    section = (ROOT / "README.md").read_text().split("## Running a job", 1)[1].split("\n## ", 1)[0]
+    activate = re.search(r"`(source \.venv/bin/activate)`", section.split("```", 1)[0])
+    assert activate, "README's Running a job must say, before its first command, how to use the venv"
+    return activate.group(1), commands(section)
+
+
+def fresh_shell(script: str, timeout: int) -> subprocess.CompletedProcess:
+    """bash -c script in ROOT with a bare environment, as a new terminal after `make install` has it."""
+    env = {"HOME": os.environ.get("HOME", "/root"), "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+    return subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_documented_commands_run_from_a_fresh_shell():
+    """In a new shell after the README's venv activation, every program the docs' commands start (python, torchrun,
+    make) is found, python and torchrun are the venv's, and `python trainer.py --help` runs."""
+    if not (ROOT / ".venv" / "bin" / "python").exists():
+        pytest.skip("no .venv: run make install")
+    activate, _ = running_a_job()
+    programs = sorted({c.split()[0] for doc in DOCS for c in commands(doc.read_text())})
+    p = fresh_shell(f"{activate} && for p in {' '.join(programs)}; do command -v $p || echo missing $p; done && "
+                    f"python trainer.py --help", 120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    found = dict(zip(programs, p.stdout.splitlines()))
+    assert not [f for f in found.values() if f.startswith("missing")], found
+    venv = (ROOT / ".venv" / "bin").resolve()
+    for prog in ("python", "torchrun"):
+        assert Path(found[prog]).parent.resolve() == venv, (prog, found[prog])
+    assert "--copris.concurrency=<int>" in p.stdout
+
+
+def job_run_dir(cmd: str) -> str:
+    """The run_dir a documented trainer command writes: its --run_dir, else its config's."""
+    words = shlex.split(cmd)
+    over = [w.split("=", 1)[1] for w in words if w.startswith("--run_dir=")]
+    config = words[words.index("--config") + 1] if "--config" in words else None
+    return over[-1] if over else yaml.safe_load((ROOT / config).read_text())["run_dir"]
+
+
+def test_first_example_job_uses_a_run_dir_make_demo_does_not():
+    """The README's first job runs after `make demo`: its run_dir is none of the demo's (a used one is refused)."""
+    _, cmds = running_a_job()
+    recipe = re.search(r"^demo:.*?\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.M).group(1)
+    demo = {job_run_dir(line.replace("$(PY)", "python")) for line in recipe.splitlines() if "trainer.py" in line}
+    assert demo and job_run_dir(cmds[0]) not in demo, (cmds[0], demo)
+
+
+@pytest.mark.slow  # about a minute: two ranks start their engines
+def test_first_example_job_runs_as_written_into_a_fresh_run_dir(tiny, tmp_path):
+    """The README's first job, in a new shell after its venv activation, as written; the sizes appended (later
+    overrides win) make it one small step on the tests' tiny model instead of the demo's."""
+    activate, cmds = running_a_job()
+    small = [f"--model_path={tiny / 'model'}", f"--train_data={tiny / 'data' / 'rl_train.jsonl'}",
+             f"--eval_data={tiny / 'data' / 'eval.jsonl'}", f"--run_dir={tmp_path / 'run'}", "--steps=1",
+             "--n_samples=4", "--batch_groups=4", "--copris.concurrency=6", "--max_prompt_len=64",
+             "--max_response_len=32", "--token_budget=1024", "--eval_samples=1"]
+    p = fresh_shell(f"{activate} && {cmds[0]} {shlex.join(small)}", 600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    assert [json.loads(line)["step"] for line in open(tmp_path / "run" / "metrics.jsonl")] == [0, 1]
+    assert "held-out accuracy" in p.stdout
 
 
 def test_data_imports_nothing_above_it():
