@@ -3,18 +3,13 @@ the hermes parser, rollout/plain_tools.jinja for a model trained on the plain-te
 as written on a tiny model trained to call the calculator; the reply carries the parsed call. The template lays a
 conversation out exactly as the episodes did in training."""
 import json
-import os
 import re
 import shlex
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 
 import pytest
 
-from helpers import ENV, ROOT, descendants, kill_tree
+from helpers import ROOT, openai_server, post
 from rollout.environments import PLAIN_OBS
 
 TEMPLATE = (ROOT / "rollout" / "plain_tools.jinja").read_text()
@@ -68,34 +63,11 @@ def test_documented_server_returns_a_parsed_tool_call(tiny_tools, tmp_path):
     prompt = body["messages"][0]["content"]
     call = '<tool_call>{"name": "calculator", "arguments": {"expression": "37*24+5"}}</tool_call>'
     taught_to_call(tiny_tools / "model", tmp_path / "export", prompt, " " + call)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     model = words[words.index("--model") + 1]
-    cmd = [sys.executable, *[str(tmp_path / "export") if w == model else w for w in words[1:]],
-           "--host", "127.0.0.1", "--port", str(port)]
-    server = subprocess.Popen(cmd, cwd=ROOT, env={**ENV, "VLLM_CPU_KVCACHE_SPACE": "1"}, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        deadline = time.time() + 300
-        while True:
-            assert server.poll() is None, server.stderr.read()[-3000:]
-            assert time.time() < deadline, "the server did not come up in 300 s"
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2)
-                break
-            except OSError:
-                time.sleep(1)
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", method="POST",
-                                     headers={"Content-Type": "application/json"},
-                                     data=json.dumps({**body, "model": str(tmp_path / "export")}).encode())
-        choice = json.loads(urllib.request.urlopen(req, timeout=120).read())["choices"][0]
-    finally:
-        tree = descendants(server.pid)
-        kill_tree(server)
+    with openai_server([sys.executable, *[str(tmp_path / "export") if w == model else w for w in words[1:]]]) as url:
+        reply = post(f"{url}/v1/chat/completions", {**body, "model": str(tmp_path / "export")})
+    choice = reply["choices"][0]
     assert choice["finish_reason"] == "tool_calls", choice
     (tool_call,) = choice["message"]["tool_calls"]
     assert tool_call["function"]["name"] == "calculator"
     assert json.loads(tool_call["function"]["arguments"]) == {"expression": "37*24+5"}
-    left = [p for p in tree if os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split()[2] != "Z"]
-    assert not left, f"server processes left running: {left}"
