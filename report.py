@@ -8,6 +8,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -62,6 +63,23 @@ def setup_logging(run_dir: Path, rank: int) -> None:
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()  # "Loading weights" bars on every model build
     quiet_library_loggers()
+
+
+@contextlib.contextmanager
+def native_stderr_to(path: Path):
+    """For the block, file descriptor 2 appends to `path`: what native code writes to stderr directly, bypassing
+    Python's logging (vLLM's C++ start-up warnings such as "NUMA binding: ..."), goes to the log, not the console.
+    Restored on the way out, exceptions included, so an error raised in the block still reaches the console."""
+    sys.stderr.flush()
+    console = os.dup(2)
+    try:
+        with open(path, "a", encoding="utf-8") as log:
+            os.dup2(log.fileno(), 2)
+            yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(console, 2)
+        os.close(console)
 
 
 def quiet_library_loggers() -> None:

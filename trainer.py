@@ -823,14 +823,14 @@ def start_engine(run: Run):
         for stale in Path("/dev/shm").glob("*-cpushm_*"):
             stale.unlink(missing_ok=True)
     dist.barrier()
+    spec = VllmConfig(cfg.model_path, cfg.max_prompt_len + cfg.max_response_len, seed=cfg.seed,
+                      dtype="bfloat16" if run.device.type == "cuda" else "float32",
+                      gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
+                      max_num_seqs=cfg.engine.max_num_seqs, enforce_eager=cfg.engine.enforce_eager,
+                      lora_rank=cfg.lora.rank, tensor_parallel_size=cfg.engine.tensor_parallel_size)
     try:
-        engine = RolloutEngine(VllmConfig(cfg.model_path, cfg.max_prompt_len + cfg.max_response_len, seed=cfg.seed,
-                                          dtype="bfloat16" if run.device.type == "cuda" else "float32",
-                                          gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
-                                          max_num_seqs=cfg.engine.max_num_seqs, enforce_eager=cfg.engine.enforce_eager,
-                                          lora_rank=cfg.lora.rank,
-                                          tensor_parallel_size=cfg.engine.tensor_parallel_size),
-                               distributed=True)
+        with report.native_stderr_to(run.run_dir / report.LOG_NAME):  # vLLM's C++ warnings: the log, not the console
+            engine = RolloutEngine(spec, distributed=True)
     except EngineStartError as e:
         raise ConfigError(str(e)) from None
     report.quiet_library_loggers()
