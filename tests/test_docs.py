@@ -90,13 +90,12 @@ def prose_names(text: str) -> list[tuple[str, str | None]]:
     theirs, not ours."""
     sections = {k.split(".")[0] for k in config_fields() if "." in k}
     text = re.sub(r"```.*?```", "", text, flags=re.S)
-    out = []
+    out, previous = [], ""
     for line in text.splitlines():
         cells = line.split("|")
-        if line.startswith("|") and any(c.strip().startswith(("TRL", "verl")) for c in cells):
-            foreign = [i for i, c in enumerate(cells) if c.strip().startswith(("TRL", "verl"))]  # a header row
-        elif not line.startswith("|"):
-            foreign = []
+        if line.startswith("|") and not previous.startswith("|"):  # a table's header row
+            foreign = [i for i, c in enumerate(cells) if c.strip().startswith(("TRL", "verl"))]
+        previous = line
         if line.startswith("|"):
             line = "|".join(c for i, c in enumerate(cells) if i not in foreign)
         for m in re.finditer(r"`([^`]+)`", line):

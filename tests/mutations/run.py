@@ -49,8 +49,8 @@ MUTANTS = [
      ["tests/test_mismatch.py", "-k", "denominator"]),
     ("PRM state left out of checkpoints", "trainer.py", 'sharded["prime"] = self.advantages.state_dict()',
      'sharded["prime"] = {}', ["tests/test_resume.py", "-k", "prime"]),
-    ("used run_dir overwritten silently", "launch.py", "if cfg.resume == \"off\" and used and not cfg.overwrite:",
-     "if False:", ["tests/test_lifecycle.py", "-k", "refused_and_nothing"]),
+    ("used run_dir overwritten silently", "launch.py", "    if not used or cfg.overwrite or continues(run_dir, ckpt):",
+     "    if True:", ["tests/test_lifecycle.py", "-k", "refused_and_nothing"]),
     # config keys on their way from the command line to the computation (tests/test_wiring.py)
     ("staleness_cap not passed to the scheduler", "trainer.py", "staleness_cap=cfg.copris.staleness_cap,",
      "staleness_cap=None,", ["tests/test_wiring.py", "-k", "staleness"]),
