@@ -147,10 +147,10 @@ def _annotation_name(node) -> str:
 
 
 def _default(node):
-    """A field's default: a literal, or field(default_factory=lambda: <literal>)."""
+    """A field's default: a literal, field(default=<literal>) or field(default_factory=lambda: <literal>)."""
     if isinstance(node, ast.Call):
-        factory = next(k.value for k in node.keywords if k.arg == "default_factory")
-        return ast.literal_eval(factory.body)
+        kw = {k.arg: k.value for k in node.keywords}
+        node = kw["default"] if "default" in kw else kw["default_factory"].body
     return ast.literal_eval(node)
 
 
