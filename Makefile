@@ -23,17 +23,20 @@ sandbox:
 	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; }
 
 # GPU stack when a CUDA GPU is visible, else the pinned CPU stack. Idempotent: re-runs only when
-# a requirements file changes.
+# a requirements file changes. pip shows each package as it goes (a first install takes a few minutes).
 .venv/.installed: requirements.txt requirements-cpu.txt
 	test -x $(PY) || python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
 	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
-	  $(PY) -m pip install -q -r requirements.txt; \
+	  echo "make install: the GPU stack (requirements.txt) into .venv"; \
+	  $(PY) -m pip install -r requirements.txt; \
 	else \
-	  $(PY) -m pip install -q -r requirements-cpu.txt; \
+	  echo "make install: the CPU stack (requirements-cpu.txt) into .venv"; \
+	  $(PY) -m pip install -r requirements-cpu.txt; \
 	fi
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec  # built for another torch; nothing here uses them
 	touch $@
+	@echo "make install: done; activate the venv with: source .venv/bin/activate"
 
 # Data + tokenizer + random-init tiny model, SFT warm-up, then GRPO (CoPRIS rollout) on 2 ranks. A rerun replaces
 # the previous demo run (--overwrite=true); elsewhere a used run_dir is refused.

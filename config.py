@@ -6,11 +6,13 @@ their listed values; an unknown key is an error with a did-you-mean hint; the cr
     cfg = load(Config, ["--config", "configs/demo.yaml", "--lr=1e-5"], world=2)
 """
 import argparse
+import ast
 import dataclasses
 import difflib
 import inspect
+import io
 import json
-import re
+import tokenize
 import types
 import typing
 from pathlib import Path
@@ -27,12 +29,6 @@ def _unwrap_optional(tp):
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         return next(a for a in typing.get_args(tp) if a is not type(None)), True
     return tp, False
-
-
-def _type_name(tp) -> str:
-    tp, optional = _unwrap_optional(tp)
-    name = "|".join(map(str, typing.get_args(tp))) if typing.get_origin(tp) is typing.Literal else tp.__name__
-    return name + ("|null" if optional else "")
 
 
 def _convert(value, tp, key: str, from_cli: bool):
@@ -113,7 +109,7 @@ def load(cls, argv: list[str], world: int):
     ap.add_argument("--help", "-h", action="store_true")
     args, rest = ap.parse_known_args(argv)
     if args.help:
-        print(help_text(cls))
+        print(help_text(inspect.getsourcefile(cls), cls.__name__))
         raise SystemExit(0)
     cfg = cls()
     if args.config:
@@ -128,37 +124,68 @@ def load(cls, argv: list[str], world: int):
     return cfg
 
 
-def _field_comments(cls) -> dict[str, str]:
-    """field name -> the comment after it in the class source."""
+def _comments(source: str) -> dict[int, tuple[str, bool]]:
+    """line number -> (the comment on it, whether the line holds nothing else)."""
     out = {}
-    for line in inspect.getsource(cls).splitlines():
-        m = re.match(r"\s+(\w+): .*?#\s?(.*)$", line)
-        if m:
-            out[m.group(1)] = m.group(2)
+    for t in tokenize.generate_tokens(io.StringIO(source).readline):
+        if t.type == tokenize.COMMENT:
+            out[t.start[0]] = (t.string.lstrip("#").strip(), not t.line[:t.start[1]].strip())
     return out
 
 
-def help_text(cls) -> str:
-    """Every key, grouped by section: --key=<type> (default) comment."""
+def _annotation_name(node) -> str:
+    """A field's annotation as --help shows it: int, float|null, frozen|policy (a Literal's values), list."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        return "|".join(_annotation_name(n) for n in (node.left, node.right))
+    if isinstance(node, ast.Constant) and node.value is None:
+        return "null"
+    if isinstance(node, ast.Subscript):
+        if ast.unparse(node.value) == "Literal":
+            return "|".join(str(ast.literal_eval(n)) for n in getattr(node.slice, "elts", [node.slice]))
+        return ast.unparse(node.value)
+    return ast.unparse(node)
+
+
+def _default(node):
+    """A field's default: a literal, field(default=<literal>) or field(default_factory=lambda: <literal>)."""
+    if isinstance(node, ast.Call):
+        kw = {k.arg: k.value for k in node.keywords}
+        node = kw["default"] if "default" in kw else kw["default_factory"].body
+    return ast.literal_eval(node)
+
+
+def help_text(source: str | Path, top: str = "Config") -> str:
+    """Every key of the dataclass `top` in the Python file `source`, grouped by section: --key=<type> (default) and
+    the comments on the field's lines and the comment lines right after it. The file is parsed, not imported, so
+    `python trainer.py --help` prints without importing torch or the engine."""
+    text = Path(source).read_text(encoding="utf-8")
+    classes = {c.name: c for c in ast.parse(text).body if isinstance(c, ast.ClassDef)}
+    comments = _comments(text)
     lines = ["usage: python trainer.py [--nproc_per_node=N] [--config FILE.yaml] [--key=value ...]",
              "       torchrun --nproc_per_node N trainer.py [--config FILE.yaml] [--key=value ...]",
              "A data row's `task` picks its scorer, row check and environment in tasks.py (the task table); the manual is",
              "docs/ (README.md links every page).", ""]
 
-    def walk(c, prefix: str):
-        hints, comments, sections = typing.get_type_hints(c), _field_comments(c), []
-        lines.append(f"[{prefix[:-1] or 'top level'}]")
-        for f in dataclasses.fields(c):
-            if dataclasses.is_dataclass(hints[f.name]):
-                sections.append((hints[f.name], prefix + f.name + "."))
+    def walk(cls: ast.ClassDef, prefix: str):
+        fields = [f for f in cls.body if isinstance(f, ast.AnnAssign) and isinstance(f.target, ast.Name)]
+        about = comments.get(cls.lineno, ("", False))[0]
+        lines.append(f"[{prefix[:-1] or 'top level'}]" + (f"  {about}" if about and prefix else ""))
+        sections = []
+        for f in fields:
+            kind = _annotation_name(f.annotation)
+            if kind in classes:
+                sections.append((classes[kind], prefix + f.target.id + "."))
                 continue
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            lines.append(f"  --{prefix}{f.name}=<{_type_name(hints[f.name])}>  (default: {json.dumps(default)})")
-            lines.append(f"      {comments.get(f.name, '')}")
+            said, n = [comments[i][0] for i in range(f.lineno, f.end_lineno + 1) if i in comments], f.end_lineno + 1
+            while n in comments and comments[n][1]:  # a comment continued on the lines below the field
+                said.append(comments[n][0])
+                n += 1
+            lines.append(f"  --{prefix}{f.target.id}=<{kind}>  (default: {json.dumps(_default(f.value))})")
+            lines.append(f"      {' '.join(said)}")
         lines.append("")
         for sub, p in sections:
             walk(sub, p)
-    walk(cls, "")
+    walk(classes[top], "")
     return "\n".join(lines)
 
 

@@ -18,6 +18,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import sys
@@ -56,9 +57,33 @@ def resume_point(cfg) -> Path | None:
     return found[-1] if found else None
 
 
+RUN_FILES = ("metrics.jsonl", "checkpoints", "export", "eval_summary.json")  # what makes a run_dir used
+
+
+def run_contents(run_dir: Path) -> list[str]:
+    """What a used run_dir holds, said for a message: metrics.jsonl and its steps, the checkpoints (complete or
+    half-written), export/, an evaluation's summary; [] for an unused one."""
+    out = []
+    for name in RUN_FILES:
+        p = run_dir / name
+        if name == "metrics.jsonl" and p.is_file():
+            steps = re.findall(r'^\{"step": (\d+)', p.read_text(), re.M)
+            out.append(f"metrics.jsonl with steps {steps[0]}..{steps[-1]}" if steps else "metrics.jsonl")
+        elif name == "checkpoints" and p.is_dir():
+            done = [c.name for c in complete_checkpoints(p)]
+            rest = ", ".join(sorted(c.name for c in p.iterdir())) or "empty"
+            out.append(f"checkpoints/ ({', '.join(done)})" if done else
+                       f"checkpoints/ with no complete checkpoint ({rest})")
+        elif p.exists():
+            out.append(name + "/" * p.is_dir())
+    return out
+
+
 def check_run_dir(cfg, world: int) -> None:
-    """Before anything starts: a used run_dir is refused unless resuming (or overwrite: true), and a checkpoint
-    to resume must come from the same number of ranks."""
+    """Before anything starts: a used run_dir is refused unless it is continued from its own checkpoint or
+    overwrite: true replaces it (--resume=auto where no complete checkpoint exists, or --resume=<a checkpoint of
+    another run_dir>, would mix two runs in one metrics.jsonl); a checkpoint to resume must come from the same
+    number of ranks."""
     run_dir = Path(cfg.run_dir)
     ckpt = resume_point(cfg)
     if ckpt is not None:
@@ -67,46 +92,80 @@ def check_run_dir(cfg, world: int) -> None:
             raise ConfigError(f"checkpoint {ckpt} was written by {manifest['world']} ranks (engine.tensor_parallel_size"
                               f"={manifest.get('tensor_parallel_size', 1)}); this run has {world} "
                               f"({cfg.engine.tensor_parallel_size}): resume with the same rank count and t")
-    used = [p.name for p in (run_dir / "metrics.jsonl", run_dir / "checkpoints", run_dir / "export") if p.exists()]
-    if cfg.resume == "off" and used and not cfg.overwrite:
-        raise ConfigError(f"run_dir {run_dir} already holds a run ({', '.join(used)}): continue it with "
-                          f"--resume=auto, pick a new --run_dir, or delete it with --overwrite=true")
+    used = run_contents(run_dir)
+    if not used or cfg.overwrite or continues(run_dir, ckpt):
+        return
+    held = "; ".join(used)
+    if cfg.resume == "off":
+        raise ConfigError(f"run_dir {run_dir} already holds a run ({held}): continue it with --resume=auto, pick a "
+                          f"new --run_dir, or delete it with --overwrite=true")
+    if ckpt is None:
+        raise ConfigError(f"--resume=auto: run_dir {run_dir} holds {held} but no complete checkpoint to continue "
+                          f"from: start over there with --overwrite=true (deletes them) or use a fresh --run_dir")
+    raise ConfigError(f"--resume={ckpt}: run_dir {run_dir} holds another run ({held}): resume into a fresh "
+                      f"--run_dir, or delete that run first with --overwrite=true")
+
+
+def continues(run_dir: Path, ckpt: Path | None) -> bool:
+    """Whether the checkpoint to resume is one of run_dir's own (its checkpoints/ or a before-resume-N/)."""
+    return ckpt is not None and run_dir.resolve() in ckpt.resolve().parents
 
 
 def start_run_dir(cfg, rank: int) -> Path | None:
-    """Rank 0 prepares run_dir (overwrite clears it; a resume sets aside what lies after its checkpoint: set_aside)
-    and writes config.yaml; -> the checkpoint to resume from, if any."""
+    """Rank 0 prepares run_dir (overwrite deletes the run there, and says so; a resume sets aside what lies after
+    its checkpoint and the config it replaces: set_aside) and writes config.yaml; -> the checkpoint to resume from,
+    if any."""
     run_dir, ckpt = Path(cfg.run_dir), resume_point(cfg)
     if rank == 0:
-        if cfg.overwrite and cfg.resume == "off":
-            shutil.rmtree(run_dir, ignore_errors=True)
+        if cfg.overwrite and not continues(run_dir, ckpt) and run_contents(run_dir):
+            print(f"overwrite: deleting the earlier run in {run_dir} ({'; '.join(run_contents(run_dir))})")
+            shutil.rmtree(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+        config = yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False)
         if ckpt is not None:
-            set_aside(run_dir, read_manifest(ckpt)["step"])
+            set_aside(run_dir, read_manifest(ckpt)["step"], config)
+        (run_dir / "config.yaml").write_text(config)
     dist.barrier()
     return ckpt
 
 
-def set_aside(run_dir: Path, step: int) -> None:
-    """Resuming at `step` in run_dir: metric lines after it and checkpoints newer than it (and then the export) would
-    be overwritten or pruned by the resumed run. Move them to run_dir/before-resume-<n>/ (metrics.jsonl whole, as it
-    was) and say what moved; metrics.jsonl keeps its lines up to `step`."""
-    metrics = run_dir / "metrics.jsonl"
+def same_settings(old: str, new: str) -> bool:
+    """Two config.yaml texts that differ at most in how the run was started (resume, overwrite)."""
+    def settings(text):
+        try:
+            cfg = yaml.safe_load(text)
+        except yaml.YAMLError:
+            return text
+        return {k: v for k, v in cfg.items() if k not in ("resume", "overwrite")} if isinstance(cfg, dict) else text
+    return settings(old) == settings(new)
+
+
+def set_aside(run_dir: Path, step: int, config: str) -> None:
+    """Resuming at `step` in run_dir with the resolved config `config`: the config.yaml it replaces (if its settings
+    differ), metric lines after `step` and checkpoints newer than it (and then the export) would be overwritten or
+    pruned by the resumed run. Move them to run_dir/before-resume-<n>/ (metrics.jsonl whole, as it was) and say
+    what moved; metrics.jsonl keeps its lines up to `step`."""
+    metrics, old_config = run_dir / "metrics.jsonl", run_dir / "config.yaml"
     lines = [line for line in metrics.read_text().splitlines() if line] if metrics.exists() else []
     keep = [line for line in lines if json.loads(line)["step"] <= step]
     newer = [c for c in complete_checkpoints(run_dir / "checkpoints") if int(c.name[5:]) > step]
-    if len(keep) == len(lines) and not newer:
+    replaced = old_config.exists() and not same_settings(old_config.read_text(), config)
+    if len(keep) == len(lines) and not newer and not replaced:
         return
     n = 1
     while (run_dir / f"before-resume-{n}").exists():
         n += 1
     aside = run_dir / f"before-resume-{n}"
-    (aside / "checkpoints").mkdir(parents=True)
-    moved = [f"{len(lines) - len(keep)} metric lines after step {step}"] if len(keep) < len(lines) else []
+    aside.mkdir()
+    moved = ["config.yaml (its settings differ from this run's)"] if replaced else []
+    if replaced:
+        old_config.rename(aside / "config.yaml")
     if len(keep) < len(lines):
+        moved.append(f"{len(lines) - len(keep)} metric lines after step {step}")
         shutil.copy2(metrics, aside / "metrics.jsonl")
         metrics.write_text("".join(line + "\n" for line in keep))
+    if newer:
+        (aside / "checkpoints").mkdir()
     for c in newer:
         c.rename(aside / "checkpoints" / c.name)
     if newer and (run_dir / "export").exists():

@@ -297,9 +297,6 @@ class GradDropout(torch.nn.Dropout):
         return F.dropout(x, self.p, training=torch.is_grad_enabled())
 
 
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # attention + MLP
-
-
 def add_lora(model, lora):
     """-> a PEFT model with LoRA adapters (rank r, alpha, dropout) on the modules named lora.target_modules; every
     other parameter is frozen. B starts at 0: the policy starts as the base model. W x + (alpha / r) B A x."""

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -62,6 +63,23 @@ def setup_logging(run_dir: Path, rank: int) -> None:
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()  # "Loading weights" bars on every model build
     quiet_library_loggers()
+
+
+@contextlib.contextmanager
+def native_stderr_to(path: Path):
+    """For the block, file descriptor 2 appends to `path`: what native code writes to stderr directly, bypassing
+    Python's logging (vLLM's C++ start-up warnings such as "NUMA binding: ..."), goes to the log, not the console.
+    Restored on the way out, exceptions included, so an error raised in the block still reaches the console."""
+    sys.stderr.flush()
+    console = os.dup(2)
+    try:
+        with open(path, "a", encoding="utf-8") as log:
+            os.dup2(log.fileno(), 2)
+            yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(console, 2)
+        os.close(console)
 
 
 def quiet_library_loggers() -> None:
@@ -194,17 +212,19 @@ def print_eval_table(metrics: dict, k: int) -> None:
 
 
 def report_rl(run_dir: Path, k: int, seconds: float, steps: int) -> None:
-    """Plot, and print held-out accuracy before (first eval) and after (last eval)."""
+    """Plot, then every held-out evaluation in metrics.jsonl, one line per step: greedy, mean@k, pass@k (and the
+    tool-call rate). The file holds this run alone: a used run_dir is continued from its own checkpoint (what lay
+    after it set aside) or replaced, never appended to by another run."""
     plot_run(run_dir)
     evals = [r for r in map(json.loads, open(run_dir / "metrics.jsonl")) if "eval/greedy_acc" in r]
     if evals:
-        a, b = evals[0], evals[-1]
-        tools = f", tool calls {a['eval/tool_call_rate']:.3f} -> {b['eval/tool_call_rate']:.3f}" \
-            if "eval/tool_call_rate" in a else ""
-        print(f"held-out accuracy: greedy {a['eval/greedy_acc']:.3f} -> {b['eval/greedy_acc']:.3f}, "
-              f"mean@{k} {a[f'eval/mean@{k}']:.3f} -> {b[f'eval/mean@{k}']:.3f}{tools}  (steps {a['step']} -> "
-              f"{b['step']}; {steps} steps in {seconds:.0f} s, {steps / max(seconds, 1e-9):.3f} steps/s)")
-    print(f"metrics: {run_dir / 'metrics.jsonl'}  plot: {run_dir / 'plot.png'}  export: {run_dir / 'export'}")
+        cols = ["greedy_acc", f"mean@{k}", f"pass@{k}"] + ["tool_call_rate"] * ("eval/tool_call_rate" in evals[0])
+        print(f"held-out accuracy ({evals[0]['eval/rows']:.0f} prompts)")
+        print(f"{'step':>6}" + "".join(f"{c:>16}" for c in cols))
+        for r in evals:
+            print(f"{r['step']:>6}" + "".join(f"{r[f'eval/{c}']:>16.3f}" for c in cols))
+    print(f"{steps} steps in {seconds:.0f} s ({steps / max(seconds, 1e-9):.3f} steps/s); metrics: "
+          f"{run_dir / 'metrics.jsonl'}  plot: {run_dir / 'plot.png'}  export: {run_dir / 'export'}")
 
 
 # panels: (title, metric keys); a panel is drawn when any of its keys appears in the run

@@ -34,7 +34,7 @@ def score_triton(row: dict, completion: str) -> tuple[float, dict]:
 
 def score_char_share(row: dict, completion: str) -> tuple[float, dict]:
     """A toy task any model earns something on, random ones included: the share of the completion's characters
-    that are in row["chars"] (the tests use it to see learning in a few steps; the README's worked example)."""
+    that are in row["chars"] (the tests use it to see learning in a few steps; docs/data.md's worked example)."""
     if not completion:
         return 0.0, {"reason": "empty"}
     chars = set(str(row["chars"]))

@@ -26,6 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+if __name__ == "__main__" and {"--help", "-h"} & set(sys.argv[1:]):  # text only: no torch, transformers or vLLM
+    import config
+    print(config.help_text(__file__))
+    raise SystemExit(0)
+
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -40,7 +45,7 @@ from launch import check_run_dir, complete_checkpoints, read_manifest, start_run
 from data.rows import PromptSource, load_rows, tokenize_prompts, tokenize_sft
 from kernels import fused_linear_ppo_loss
 from kernels.ppo_loss import token_weights
-from model import (DUMMY, PROJECTIONS, EngineGroup, Row, adapter_disabled, all_gather_list, all_max, all_sum,
+from model import (DUMMY, EngineGroup, Row, adapter_disabled, all_gather_list, all_max, all_sum,
                    build_model, check_lockstep, clip_grad_norm, engine_group, export_hf, init_distributed,
                    make_optimizer, micro_batches, packed_forward, push_adapter, push_full, response_logprobs,
                    shared_map, split_rows, sum_over_ranks, targets_of, trainable_state)
@@ -93,10 +98,9 @@ class PrimeConfig:
 
 
 @dataclass
-class CorrectionConfig:
-    # rollout-training mismatch (rollout/mismatch.py): TIS, MIS/IcePop, Seq-TIS/Seq-MIS, a geometric-mean filter
+class CorrectionConfig:  # rollout-training mismatch (rollout/mismatch.py): TIS, MIS/IcePop, Seq-TIS/Seq-MIS
     mode: Literal["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask",
-                  "sequence_geo_mask"] = "none"
+                  "sequence_geo_mask"] = "none"  # weight per token or sequence from the engine/trainer ratio; none = off
     threshold: float = 2.0  # C: truncate at C; mask above C (sequence modes: the product of the token ratios)
     low: float = 0.5  # mask modes: below this is masked too (sequence_geo_mask: bounds near 1, e.g. 0.999 / 1.001)
 
@@ -121,7 +125,9 @@ class LoraConfig:
     rank: int = 0  # r of the policy's LoRA adapters (PEFT); 0 = off: full fine-tuning
     alpha: float = 16.0  # the adapter's update is (alpha / r) B A x
     dropout: float = 0.0  # dropout on the adapter's input, in the update's (gradient) forwards only
-    target_modules: list[str] = field(default_factory=lambda: list(PROJECTIONS))  # modules given adapters (not lm_head)
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                               "up_proj", "down_proj"])  # modules given adapters
+    # (attention and MLP; lm_head is refused)
     export_merged: bool = False  # also export export/merged: a full HF folder with the adapter folded in
 
 
@@ -832,14 +838,14 @@ def start_engine(run: Run):
         for stale in Path("/dev/shm").glob("*-cpushm_*"):
             stale.unlink(missing_ok=True)
     dist.barrier()
+    spec = VllmConfig(cfg.model_path, cfg.max_prompt_len + cfg.max_response_len, seed=cfg.seed,
+                      dtype="bfloat16" if run.device.type == "cuda" else "float32",
+                      gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
+                      max_num_seqs=cfg.engine.max_num_seqs, enforce_eager=cfg.engine.enforce_eager,
+                      lora_rank=cfg.lora.rank, tensor_parallel_size=cfg.engine.tensor_parallel_size)
     try:
-        engine = RolloutEngine(VllmConfig(cfg.model_path, cfg.max_prompt_len + cfg.max_response_len, seed=cfg.seed,
-                                          dtype="bfloat16" if run.device.type == "cuda" else "float32",
-                                          gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
-                                          max_num_seqs=cfg.engine.max_num_seqs, enforce_eager=cfg.engine.enforce_eager,
-                                          lora_rank=cfg.lora.rank,
-                                          tensor_parallel_size=cfg.engine.tensor_parallel_size),
-                               distributed=True)
+        with report.native_stderr_to(run.run_dir / report.LOG_NAME):  # vLLM's C++ warnings: the log, not the console
+            engine = RolloutEngine(spec, distributed=True)
     except EngineStartError as e:
         raise ConfigError(str(e)) from None
     report.quiet_library_loggers()

@@ -75,6 +75,7 @@ class RolloutEngine:
                       max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs,
                       enforce_eager=cfg.enforce_eager, logprobs_mode="processed_logprobs",
                       enable_prefix_caching=True, tensor_parallel_size=cfg.tensor_parallel_size,
+                      use_tqdm_on_load=False,  # no "Loading safetensors" bar on the console: the run has its own
                       # a chunked prefill discards a sampled token and rewinds the request's seeded
                       # generator, which the CPU generator can't do ("does not use offset")
                       enable_chunked_prefill=False, **cfg.extra)

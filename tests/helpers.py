@@ -1,10 +1,14 @@
-"""Shared by the tests that run the trainer as a user would: the command, a tiny RL job, metrics, process trees."""
+"""Shared by the tests that run the trainer as a user would: the command, a tiny RL job, metrics, process trees,
+vLLM's OpenAI server."""
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,3 +86,38 @@ def kill_tree(proc: subprocess.Popen, sig=signal.SIGKILL) -> None:
         except ProcessLookupError:
             pass
     proc.wait(timeout=120)
+
+
+@contextlib.contextmanager
+def openai_server(cmd: list[str], timeout: float = 300):
+    """Start a vLLM OpenAI server command (without --host / --port) on a free local port, wait until it answers, yield
+    its URL; then kill its whole process tree (the engine runs in a child) and check that none of it is left."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([*cmd, "--host", "127.0.0.1", "--port", str(port)], cwd=ROOT,
+                              env={**ENV, "VLLM_CPU_KVCACHE_SPACE": "1"}, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True)
+    url, deadline = f"http://127.0.0.1:{port}", time.time() + timeout
+    try:
+        while True:
+            assert server.poll() is None, server.stderr.read()[-3000:]
+            assert time.time() < deadline, f"the server did not come up in {timeout} s"
+            try:
+                urllib.request.urlopen(f"{url}/v1/models", timeout=2)
+                break
+            except OSError:
+                time.sleep(1)
+        yield url
+    finally:
+        tree = descendants(server.pid)
+        kill_tree(server)
+    left = [p for p in tree if os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split()[2] != "Z"]
+    assert not left, f"server processes left running: {left}"
+
+
+def post(url: str, body: dict, timeout: float = 120) -> dict:
+    """POST a JSON body, -> the JSON reply."""
+    req = urllib.request.Request(url, method="POST", headers={"Content-Type": "application/json"},
+                                 data=json.dumps(body).encode())
+    return json.loads(urllib.request.urlopen(req, timeout=timeout).read())

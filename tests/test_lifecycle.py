@@ -69,8 +69,9 @@ def finished(tiny, tmp_path_factory):
 def test_last_step_is_checkpointed_and_console_is_quiet(finished):
     run_dir, p = finished
     assert [c.name for c in complete_checkpoints(run_dir / "checkpoints")] == ["step_000001", "step_000002"]
-    noisy = [line for line in p.stdout.splitlines() + p.stderr.splitlines() if "WARNING" in line or "INFO" in line]
-    assert not noisy, noisy[:10]  # library logs go to train.log only
+    noisy = [line for line in p.stdout.splitlines() + p.stderr.splitlines()
+             if any(w in line for w in ("WARNING", "INFO", "Warning", "Loading safetensors"))]
+    assert not noisy, noisy[:10]  # library logs, vLLM's C++ warnings (NUMA binding) go to train.log only
     log = (run_dir / "train.log").read_text()
     assert "rl:" not in log.splitlines()[0] and "train: " in log  # rank 0's stdout, without progress redraws
     first = metrics(run_dir)[0]
@@ -115,6 +116,7 @@ def test_overwrite_clears_the_old_run(tiny, tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 9}\n')
     p = run(trainer_cmd(None, *rl_args(tiny, tmp_path, "--steps=1", "--overwrite=true")))
     assert p.returncode == 0, p.stderr[-3000:]
+    assert f"overwrite: deleting the earlier run in {tmp_path}" in p.stdout  # said on the console
     assert [c.name for c in complete_checkpoints(tmp_path / "checkpoints")] == ["step_000001"]
     assert [r["step"] for r in metrics(tmp_path)] == [0, 1]
 
@@ -143,13 +145,24 @@ def test_reward_workers_ignore_stop_signals():
         pool.close()
 
 
-def test_help_lists_every_key_with_type_default_and_comment():
-    p = subprocess.run([sys.executable, "trainer.py", "--help"], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                       timeout=120)
-    assert p.returncode == 0
+def test_help_lists_every_key_with_type_default_and_comment(tmp_path):
+    """--help prints every key with its type, default and whole comment (a field over several lines, a comment
+    continued below its field), and imports no torch, transformers or vLLM to do it (stand-ins that raise)."""
+    import re
+    from tests.test_docs import config_keys
+    for name in ("torch", "transformers", "vllm"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(f"raise ImportError('--help imported {name}')")
+    p = subprocess.run([sys.executable, "trainer.py", "--help"], cwd=ROOT, env={**ENV, "PYTHONPATH": str(tmp_path)},
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
     for needle in ("[copris]", "--copris.concurrency=<int>  (default: 64)", "requests in flight per engine",
-                   "--prime.ref=<frozen|policy>", "--correction.mode=<none|token_truncate", "--dual_clip=<float|null>"):
+                   "--prime.ref=<frozen|policy>", "--correction.mode=<none|token_truncate", "--dual_clip=<float|null>",
+                   "NCCL's default is 10 min", '--lora.target_modules=<list>  (default: ["q_proj"'):
         assert needle in p.stdout, needle
+    listed = dict(re.findall(r"^  --(\S+)=<.*\n      (.*)$", p.stdout, re.M))
+    assert set(listed) == config_keys()
+    assert not [k for k, comment in listed.items() if not comment.strip()], "keys without a comment"
 
 
 def test_exit_process_runs_atexit_hooks_flushes_and_keeps_the_code(tmp_path):
@@ -198,3 +211,106 @@ def test_resume_into_a_used_run_dir_sets_aside_what_it_would_overwrite(world_of_
     assert "3 metric lines after step 2" in said and "checkpoints/step_000004" in said and str(aside) in said
     start_run_dir(trainer.Config(run_dir=str(tmp_path), resume=str(ckpt)), 0)  # nothing after step 2 now: no move
     assert not (tmp_path / "before-resume-2").exists()
+
+
+def used_run_dir(run_dir, last: int, checkpoints=(), **config) -> None:
+    """A run_dir as a run leaves it: config.yaml (trainer.Config with `config`), metric lines for steps 0..last (an
+    evaluation at 0 and at the last), complete checkpoints at `checkpoints`, a half-written one after them."""
+    import dataclasses
+    import json
+    import trainer
+    import yaml
+    (run_dir / "checkpoints").mkdir(parents=True)
+    for s in checkpoints:
+        (run_dir / "checkpoints" / f"step_{s:06d}").mkdir()
+        (run_dir / "checkpoints" / f"step_{s:06d}" / "manifest.json").write_text(
+            json.dumps({"step": s, "world": 1, "policy_version": s}))
+    (run_dir / "checkpoints" / f"step_{last + 1:06d}.tmp").mkdir()
+    (run_dir / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "reward": 0.5, **({"eval/greedy_acc": 0.9} if s in (0, last) else {})}) + "\n"
+        for s in range(last + 1)))
+    cfg = trainer.Config(run_dir=str(run_dir), **config)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+
+
+def test_resume_sets_aside_the_config_it_replaces(world_of_one, tmp_path, capsys):
+    """A resume with other settings (steps 40 -> 31) moves the config.yaml it replaces to before-resume-1/; one that
+    differs only in how it was started (resume, overwrite) moves nothing."""
+    import trainer
+    import yaml
+    from launch import start_run_dir
+    used_run_dir(tmp_path, 40, checkpoints=(40,), steps=40)
+    start_run_dir(trainer.Config(run_dir=str(tmp_path), steps=40, resume="auto"), 0)
+    assert not (tmp_path / "before-resume-1").exists() and capsys.readouterr().out == ""
+    start_run_dir(trainer.Config(run_dir=str(tmp_path), steps=31, resume="auto"), 0)
+    assert yaml.safe_load((tmp_path / "before-resume-1" / "config.yaml").read_text())["steps"] == 40
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text())["steps"] == 31
+    assert "config.yaml" in capsys.readouterr().out
+
+
+def test_resume_auto_without_a_complete_checkpoint_is_refused(world_of_one, tmp_path, capsys):
+    """--resume=auto in a run_dir with metrics but no complete checkpoint would start over and append steps 0, 1...
+    to the old run's: refused, saying what is there and how to go on; --overwrite=true then replaces the old run
+    and says so on the console."""
+    import trainer
+    from launch import check_run_dir, start_run_dir
+    used_run_dir(tmp_path, 40)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(trainer.ConfigError) as e:
+        check_run_dir(trainer.Config(run_dir=str(tmp_path), resume="auto"), 1)
+    said = str(e.value)
+    for needle in ("--resume=auto", "metrics.jsonl with steps 0..40", "no complete checkpoint (step_000041.tmp)",
+                   "--overwrite=true", "fresh --run_dir"):
+        assert needle in said, said
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    cfg = trainer.Config(run_dir=str(tmp_path), resume="auto", overwrite=True)
+    check_run_dir(cfg, 1)
+    assert start_run_dir(cfg, 0) is None and sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"]
+    assert f"overwrite: deleting the earlier run in {tmp_path} (metrics.jsonl with steps 0..40" in capsys.readouterr().out
+
+
+def test_resume_from_another_run_dirs_checkpoint_into_a_used_run_dir_is_refused(tmp_path):
+    """--resume=<checkpoint of run A> with run_dir B that holds a run: B's metric lines would be kept up to the
+    checkpoint's step and mixed with A's; refused. Into a fresh run_dir, or from B's own checkpoints, it goes."""
+    import trainer
+    from launch import check_run_dir
+    used_run_dir(tmp_path / "a", 4, checkpoints=(2, 4))
+    used_run_dir(tmp_path / "b", 3, checkpoints=(3,))
+    ckpt = tmp_path / "a" / "checkpoints" / "step_000002"
+    with pytest.raises(trainer.ConfigError, match="holds another run"):
+        check_run_dir(trainer.Config(run_dir=str(tmp_path / "b"), resume=str(ckpt)), 1)
+    check_run_dir(trainer.Config(run_dir=str(tmp_path / "fresh"), resume=str(ckpt)), 1)
+    check_run_dir(trainer.Config(run_dir=str(tmp_path / "a"), resume=str(ckpt)), 1)
+
+
+def test_end_of_run_summary_gives_every_evaluation_with_pass_at_k(tmp_path, capsys):
+    """The summary lists each held-out evaluation of the run (before, every eval_every steps, after) with greedy,
+    mean@k, pass@k and the tool-call rate, not only the first and last greedy and mean@k."""
+    import json
+    import report
+    rows = [{"step": s, "reward": 0.1 * s, "eval/greedy_acc": 0.5 + s / 100, "eval/mean@4": 0.3 + s / 200,
+             "eval/pass@4": 0.6 + s / 1000, "eval/tool_call_rate": 0.2 + s / 50, "eval/rows": 493}
+            for s in (0, 10, 20)]
+    rows.insert(1, {"step": 5, "reward": 0.5})
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report.report_rl(tmp_path, 4, 10.0, 20)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "held-out accuracy (493 prompts)" and out[1].split() == ["step", "greedy_acc", "mean@4", "pass@4",
+                                                                             "tool_call_rate"]
+    assert [line.split() for line in out[2:5]] == [["0", "0.500", "0.300", "0.600", "0.200"],
+                                                   ["10", "0.600", "0.350", "0.610", "0.400"],
+                                                   ["20", "0.700", "0.400", "0.620", "0.600"]]
+    assert out[5].startswith("20 steps in 10 s")
+
+
+def test_native_stderr_goes_to_the_log_for_the_block_only(tmp_path, capfd):
+    """What native code writes to file descriptor 2 during the engine's start (vLLM's C++ NUMA warning) lands in
+    train.log, not on the console; stderr is the console again afterwards, after an exception too."""
+    import report
+    log = tmp_path / "train.log"
+    with report.native_stderr_to(log):
+        os.write(2, b"[W utils.cpp:68] Warning: NUMA binding\n")
+    with pytest.raises(RuntimeError), report.native_stderr_to(log):
+        raise RuntimeError("engine start failed")
+    os.write(2, b"after\n")
+    assert log.read_text() == "[W utils.cpp:68] Warning: NUMA binding\n" and capfd.readouterr().err == "after\n"

@@ -1,0 +1,56 @@
+"""docs/metrics.md names every key a run writes, and only those: the trainer's own runs with a fake engine
+(tests/fake_rl.py) log every kind of line (GRPO with evaluation over two data sources and a mismatch correction,
+PRIME, tool episodes, SFT); the keys they log (eval/mean@2 as eval/mean@k, a data source's keys as
+eval/<source>/...) and the page's are the same set, but for the CUDA-only keys no CPU run writes."""
+import json
+import re
+
+from fake_rl import run_args, train
+from helpers import ROOT
+
+CUDA_ONLY = {"mfu", "gpu_mem/rollout_peak_gb", "gpu_mem/asleep_gb", "gpu_mem/train_peak_gb"}
+PAGE = (ROOT / "docs" / "metrics.md").read_text()
+
+
+def documented() -> set[str]:
+    """Backticked metric keys in the page's tables (their first column)."""
+    return {k for line in PAGE.splitlines() if line.startswith("| `")
+            for k in re.findall(r"`([^`]+)`", line.split(" | ")[0])}
+
+
+def as_documented(key: str) -> str:
+    """A logged key as the page writes it: @4 -> @k, eval/<a data source>/x -> eval/<source>/x."""
+    key = re.sub(r"@\d+$", "@k", key)
+    return re.sub(r"^eval/[^/]+/(greedy_acc|mean@k|pass@k)$", r"eval/<source>/\1", key)
+
+
+def jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_the_page_names_exactly_the_keys_runs_write(world_of_one, tiny, tiny_tools, tmp_path):
+    data = tiny / "data"
+    rows = [json.loads(line) for line in open(data / "eval.jsonl")]
+    two_sources = jsonl(tmp_path / "eval2.jsonl", [{**r, "data_source": "ab"[i % 2]} for i, r in enumerate(rows)])
+    calc = [{**json.loads(line), "task": "math_calculator"} for line in open(data / "rl_train.jsonl")]
+    tools = (f"--model_path={tiny_tools / 'model'}", f"--train_data={jsonl(tmp_path / 'calc.jsonl', calc)}",
+             f"--eval_data={jsonl(tmp_path / 'calc_eval.jsonl', calc[:4])}", "--max_response_len=96",
+             "--eval_samples=2", "--tools.workers=1")
+    runs = {"grpo": ("--steps=2", "--eval_every=1", f"--eval_data={two_sources}", "--eval_samples=2",
+                     "--correction.mode=token_mask"),
+            "prime": ("--prime.enabled=true", "--prime.filter_low=0", "--prime.filter_high=1"),
+            "tools": tools,
+            "sft": ("--mode=sft", f"--train_data={data / 'sft.jsonl'}", "--sft_epochs=0", "--sft_batch_rows=16",
+                    "--max_response_len=96")}
+    logged = {}
+    for name, extra in runs.items():
+        for line in train(run_args(tiny, tmp_path / name, *extra)).metrics:
+            logged.update(dict.fromkeys(line, name))
+    for needle in ("eval/a/pass@2", "correction/weight_mean", "prm_acc", "tools/call_rate", "eval/tool_call_rate",
+                   "sft_loss", "data/eval_rows"):
+        assert needle in logged, f"the runs no longer log {needle}: the check would miss its kind"
+    missing = {k: run for k, run in logged.items() if as_documented(k) not in documented()}
+    assert not missing, f"keys runs write that docs/metrics.md does not name: {missing}"
+    stale = documented() - {as_documented(k) for k in logged} - CUDA_ONLY
+    assert not stale, f"keys docs/metrics.md names that no run writes: {stale}"
