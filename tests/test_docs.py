@@ -208,7 +208,7 @@ def test_pointers_to_the_docs_name_files_and_sections_that_exist():
     bad = []
     for path in [ROOT / "Makefile", *ROOT.glob("configs/*.yaml"), *(p for part in PRODUCT + ("benchmarks",)
                  for p in ([ROOT / part] if part.endswith(".py") else (ROOT / part).rglob("*.py")))]:
-        for m in re.finditer(r'\b(README|DESIGN|docs/[\w-]+)(?:\.md)?(?:, "([^"]+)")?', path.read_text()):
+        for m in re.finditer(r'\b(README|DESIGN|docs/[\w-]+)\b(?:\.md)?(?!\.\w)(?:, "([^"]+)")?', path.read_text()):
             target = next((d / f"{m.group(1)}.md" for d in (path.parent, ROOT) if (d / f"{m.group(1)}.md").is_file()),
                           None)
             heads = re.findall(r"^#+ (.*)", target.read_text(), re.M) if target else []

@@ -1,14 +1,14 @@
 """docs/metrics.md names every key a run writes, and only those: the trainer's own runs with a fake engine
 (tests/fake_rl.py) log every kind of line (GRPO with evaluation over two data sources and a mismatch correction,
-PRIME, tool episodes, SFT); the keys they log (eval/mean@2 as eval/mean@k, a data source's keys as
-eval/<source>/...) and the page's are the same set, but for the CUDA-only keys no CPU run writes."""
+PRIME, DAPO's overlong shaping, tool episodes, SFT); the keys they log (eval/mean@2 as eval/mean@k, a data source's
+keys as eval/<source>/...) and the page's are the same set, but for the CUDA-only keys no CPU run writes."""
 import json
 import re
 
 from fake_rl import run_args, train
 from helpers import ROOT
 
-CUDA_ONLY = {"mfu", "gpu_mem/rollout_peak_gb", "gpu_mem/asleep_gb", "gpu_mem/train_peak_gb"}
+CUDA_ONLY = {"mfu", *(f"gpu_mem/{m}_{k}" for m in ("rollout_peak", "asleep", "train_peak") for k in ("gb", "device_gb"))}
 PAGE = (ROOT / "docs" / "metrics.md").read_text()
 
 
@@ -40,6 +40,7 @@ def test_the_page_names_exactly_the_keys_runs_write(world_of_one, tiny, tiny_too
     runs = {"grpo": ("--steps=2", "--eval_every=1", f"--eval_data={two_sources}", "--eval_samples=2",
                      "--correction.mode=token_mask"),
             "prime": ("--prime.enabled=true", "--prime.filter_low=0", "--prime.filter_high=1"),
+            "overlong": ("--overlong.buffer=4",),
             "tools": tools,
             "sft": ("--mode=sft", f"--train_data={data / 'sft.jsonl'}", "--sft_epochs=0", "--sft_batch_rows=16",
                     "--max_response_len=96")}
@@ -47,7 +48,7 @@ def test_the_page_names_exactly_the_keys_runs_write(world_of_one, tiny, tiny_too
     for name, extra in runs.items():
         for line in train(run_args(tiny, tmp_path / name, *extra)).metrics:
             logged.update(dict.fromkeys(line, name))
-    for needle in ("eval/a/pass@2", "correction/weight_mean", "prm_acc", "tools/call_rate", "eval/tool_call_rate",
+    for needle in ("eval/a/pass@2", "correction/weight_mean", "prm_acc", "overlong/penalty_mean", "tools/call_rate", "eval/tool_call_rate",
                    "sft_loss", "data/eval_rows"):
         assert needle in logged, f"the runs no longer log {needle}: the check would miss its kind"
     missing = {k: run for k, run in logged.items() if as_documented(k) not in documented()}
