@@ -112,8 +112,25 @@ def openai_server(cmd: list[str], timeout: float = 300):
     finally:
         tree = descendants(server.pid)
         kill_tree(server)
-    left = [p for p in tree if os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split()[2] != "Z"]
-    assert not left, f"server processes left running: {left}"
+    assert not alive(tree, wait_s=30), f"server processes left running: {alive(tree)}"
+
+
+def alive(pids: list[int], wait_s: float = 0.0) -> list[int]:
+    """Those of pids still running (zombies do not count), polled for up to wait_s seconds until none is: a SIGKILLed
+    process takes a moment to go, more on a busy machine."""
+    deadline = time.time() + wait_s
+    while True:
+        left = []
+        for p in pids:
+            try:
+                with open(f"/proc/{p}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                        left.append(p)
+            except OSError:
+                pass
+        if not left or time.time() >= deadline:
+            return left
+        time.sleep(0.2)
 
 
 def post(url: str, body: dict, timeout: float = 120) -> dict:
