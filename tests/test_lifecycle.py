@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from helpers import ENV, ROOT, descendants, metrics, rl_args, run, start, trainer_cmd
+from helpers import ENV, ROOT, alive, descendants, metrics, rl_args, run, start, trainer_cmd
 from launch import complete_checkpoints
 
 
@@ -52,8 +52,7 @@ def test_signal_checkpoints_and_exits_zero(tiny, tmp_path, launcher, target, sig
     (ckpt,) = complete_checkpoints(tmp_path / "checkpoints")
     step = json.loads((ckpt / "manifest.json").read_text())["step"]
     assert [r["step"] for r in metrics(tmp_path)] == list(range(step + 1))
-    left = [p for p in tree if os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split()[2] != "Z"]
-    assert not left, f"processes left running after the run ended: {left}"
+    assert not alive(tree, wait_s=10), f"processes left running after the run ended: {alive(tree)}"
 
 
 @pytest.fixture(scope="module")
