@@ -176,7 +176,7 @@ LINT_BOMBS = [   # (id, code, before: the lint time on main, this 2-core machine
     ("constexpr_globals", constexpr_globals(4000), "0.6 s"),
     ("module_functions", module_functions(3300), "0.7 s"),
     ("deep_strings", deep_strings(180, 19000), "0.8 s"),
-    ("unary_chains", unary_chains(250, 95), "1.9 s at 100 KB"),
+    ("unary_chains", unary_chains(250, 95), "0.4 s"),
 ]
 
 ATTACKS = [
@@ -200,7 +200,7 @@ ATTACKS = [
     *[Attack(cid, 3, "relu", "reward", "lint_name", before, code, "np is not bound")
       for cid, code, before in LINT_BOMBS],
     Attack("over_the_size_limit", 3, "relu", "reward", "lint_size", "over 150 s", grid_names(2300), "at most 100000"),
-    Attack("over_the_node_limit", 3, "relu", "reward", "lint_size", "7.1 s", unary_chains(250, 370),
+    Attack("over_the_node_limit", 3, "relu", "reward", "lint_size", "1.8 - 7.1 s", unary_chains(250, 370),
            "over 50000 syntax-tree nodes"),
 ]
 
@@ -220,7 +220,7 @@ OBSERVATION_ATTACKS = [
      "failed: runtime_error"),
     ("print_hidden_values", model(RELU_KERNEL, RELU_OK + "print(x)\nreturn out"),
      "failed: lint_torch_op: runtime: ['forward: Tensor.tolist() (numpy / Python compute)'..."),
-    ("lone_surrogates_in_an_error", model(RELU_KERNEL, RELU_OK + 'raise ValueError("\\ud800\\udfff")'),
+    ("lone_surrogates_in_an_error", model(RELU_KERNEL, RELU_OK + 'raise ValueError("\\udfff\\ud800")'),
      "failed: runtime_error"),
     ("ten_megabytes_printed", model(RELU_KERNEL, RELU_OK + "print(TEXT * 10_000_000)\nreturn out",
                                     prelude='\nTEXT = "x"\n'), "failed: runtime_error"),
