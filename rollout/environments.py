@@ -116,7 +116,7 @@ def run_tool(env: str, row: dict, segment: str) -> tuple[str, dict]:
         instance = _instances.setdefault(env, ENVIRONMENTS[env]())
         if name not in instance.tools:
             raise ToolFault("unknown_tool", f"unknown tool {name!r} (tools: {', '.join(sorted(instance.tools))})")
-        text, info = instance.call(row, name, arguments), {"reason": "ok"}
+        text, info = str(instance.call(row, name, arguments)), {"reason": "ok"}
     except ToolFault as e:
         text, info = f"error: {e}", {"reason": e.reason}
     except Exception as e:  # the tool's own bug or a hostile argument: the model reads it, the run goes on
