@@ -19,13 +19,18 @@ which never enters the sandbox.
 
 Assert tests: two sandboxes per test, joined by two pipes. The candidate's process (_SERVE) runs the code, then
 only answers requests: look up a top-level name, read an attribute, call, iterate. The tester's process
-(_TEST) runs the test source (which exists only there), with every free name of the test that is not a builtin
-bound to a proxy of the candidate's object; each call sends the arguments as JSON of plain values and gets
-back the result the same way (or a handle to an object that is not plain data, which equals only itself), and
-list / dict / set arguments are updated in place with their state after the call. The tester decides the
-verdict and writes it; the candidate can neither read the test (the expected values stay in the tester), nor
-reach the tester's memory, builtins, exec or exit code: it can only answer calls. A candidate that defines a
-builtin name the test uses fails that test (the test would otherwise call whichever one it liked).
+(_TEST) runs the test source (which exists only there); a free name of the test that is a standard-library
+module (an MBPP test's `math.isclose` without its own `import math`) is imported there, never taken from the
+candidate, and every other free name that is not a builtin is bound to a proxy of the candidate's object of that
+name: the candidate's definitions are visible under the names the test asks for and nowhere else. Each call
+sends the arguments as JSON of plain values and gets back the result the same way (or a handle to an object that
+is not plain data, which equals only itself), and list / dict / set arguments are updated in place with their
+state after the call. The tester decides the verdict and writes it; the candidate can neither read the test (the
+expected values stay in the tester), nor reach the tester's memory, builtins, exec or exit code: it can only
+answer calls. A candidate that defines a builtin name the test uses fails that test (the test would otherwise
+call whichever one it liked); one whose entry point is named like a standard-library module the test uses fails
+too (the test gets the module). As in plain Python, a test's list argument holds what the call left in it:
+`assert f(xs) == sorted(xs)` sorts what f left in xs (a test that needs the original must copy it first).
 """
 import ast
 import builtins
@@ -35,7 +40,7 @@ import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from rewards.sandbox import refusal, run_python
+from rewards.sandbox import inner_limit, refusal, run_python
 
 _CODE_BLOCK = re.compile(r"```python[^\n]*\n(.*?)(?:```|\Z)", re.S)
 _STDIO_RUNNER = ("exec(compile(open('solution.py', encoding='utf-8').read(), 'solution.py', 'exec'), "
@@ -177,7 +182,8 @@ while True:
 
 # The tester's process: trusted code and the test source; writes verdict.json. The candidate can only answer.
 _TEST = _WIRE + r'''
-import ast, builtins, sys
+import ast, builtins, importlib, sys
+STDLIB = frozenset(n for n in sys.stdlib_module_names if not n.startswith("_"))
 DEADLINE = time.monotonic() + float(os.environ["RL_TEST_S"])
 chan = Channel(int(os.environ["RL_RESP_FD"]), int(os.environ["RL_REQ_FD"]))
 
@@ -281,6 +287,9 @@ def verdict():
         return "runtime_error" if type(hello) is dict and hello.get("raise") != "SystemExit" else "early_exit"
     ns = {"__name__": "__main__"}
     for name in free_names(tree):
+        if name in STDLIB:      # math, re, itertools, ...: the tester imports them, the candidate's are never asked
+            ns[name] = importlib.import_module(name)
+            continue
         reply = ask({"op": "get", "name": name})
         if "missing" in reply:
             continue
@@ -335,7 +344,8 @@ def _run_asserts(code: str, test: str, timeout_s: float) -> str:
     """One assert test: the candidate's process and the tester's, joined by two pipes (see module doc)."""
     req_r, req_w = os.pipe()
     resp_r, resp_w = os.pipe()
-    limit = timeout_s + _MARGIN_S
+    limit = inner_limit(timeout_s + _MARGIN_S)            # both sandboxes' wall limit, under the pool job's
+    timeout_s = max(0.0, min(timeout_s, limit - _MARGIN_S))   # the tester's own deadline, under that
     with ThreadPoolExecutor(1) as pool:
         served = pool.submit(run_python, _SERVE, {"solution.py": code}, timeout_s=limit, pass_fds=(req_r, resp_w),
                              env={"RL_REQ_FD": str(req_r), "RL_RESP_FD": str(resp_w)}, **_LIMITS)

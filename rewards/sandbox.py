@@ -18,7 +18,9 @@ Layers, outermost first (rewards/README.md has the full table of what is and is 
 - a memory cgroup per sandbox (v2, or the v1 memory controller) when this process may create one: the limit
   holds for all its processes together, an OOM kill is status "oom", and every member is SIGKILLed after;
 - rlimits: CPU seconds, address space per process (data segment when gpu=True), processes, file size, no core;
-- own session / process group, SIGKILLed on the wall timeout and again after a normal exit;
+- own session / process group, SIGKILLed on the wall timeout and again after a normal exit; inside a reward or
+  tool pool job the wall timeout is cut to end CLEANUP_S before the pool's (inner_limit), so the sandbox, not the
+  pool's SIGKILL of the worker, ends an overlong run and its files go with it;
 - scrubbed environment (PATH, HOME, LANG, single-threaded BLAS/OpenMP, plus the caller's `env`).
 Without a usable bwrap the rewards refuse to run (`refusal()`), unless the operator opted out
 (RL_SANDBOX_OPT_OUT=1, set by `require_isolation(opt_out=True)`): then only the layers below bwrap apply and
@@ -39,6 +41,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+from rewards.pool import time_left
+
 OPT_OUT_ENV = "RL_SANDBOX_OPT_OUT"   # "1": run untrusted code even without bwrap (rlimits only)
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc/ld.so.cache", "/etc/ld.so.conf",
                 "/etc/ld.so.conf.d", "/etc/alternatives")
@@ -50,6 +54,8 @@ _UID_BASE = 1_000_000      # sandbox uids are drawn from [_UID_BASE, _UID_BASE +
 _SCRATCH = "/scratch"      # the script's cwd inside bwrap
 _MAIN = "sandbox_main.py"  # the script's file name in the scratch dir: every sandbox process has it in its argv
 _KILL_WAIT_S = 2.0         # how long the after-run kills keep polling for members that are still exiting
+CLEANUP_S = 3.0            # a sandbox in a pool job ends this long before the pool would kill the job: the kills
+                           # (up to _KILL_WAIT_S), reading its output, removing its files and returning fit in it
 # The first statement the sandboxed interpreter runs when started as root: drop to the sandbox uid (no groups,
 # no capabilities left), then run the script as __main__.
 _DROP_AND_RUN = ("import os, runpy, sys; u = int(sys.argv[1]); os.setgroups([]); os.setresgid(u, u, u); "
@@ -167,6 +173,14 @@ def _bwrap_argv(host_dir: str, names_ro: tuple, names_rw: tuple, gpu: bool, tmp_
             argv += [flag, os.path.join(host_dir, name), f"{_SCRATCH}/{name}"]
     argv += ["--chdir", _SCRATCH]
     return argv
+
+
+def inner_limit(timeout_s: float) -> float:
+    """The wall limit a sandbox may take: timeout_s, cut to the time the pool job running this call has left minus
+    CLEANUP_S (rewards/pool.py's time_left; none outside a pool job), never below 0. Each limit below the pool's
+    is derived from it this way, so the innermost fires first and cleans up after itself."""
+    left = time_left()
+    return timeout_s if left is None else max(0.0, min(timeout_s, left - CLEANUP_S))
 
 
 def running_sandboxes(wait_s: float = 0.0) -> list:
@@ -437,8 +451,9 @@ def run_python(script: str, files: dict | None = None, *, timeout_s: float = 60.
 
     files: {plain file name: str | bytes} the script can read (read-only under bwrap); a name with a "/"
         raises ValueError (a caller bug, unlike anything the script does);
-    timeout_s: wall clock; cpu_s: CPU seconds (default timeout_s + 1, threads add up); mem_mb: memory of the
-        whole sandbox (cgroup) and address space of each process; nproc: processes + threads it may add;
+    timeout_s: wall clock, cut by inner_limit inside a pool job; cpu_s: CPU seconds (default timeout_s + 1,
+        threads add up); mem_mb: memory of the whole sandbox (cgroup) and address space of each process;
+        nproc: processes + threads it may add;
     fsize_mb: largest file it may write (Python ignores SIGXFSZ: a larger write fails with OSError "File too
         large"); tmp_mb: its /tmp; disk_mb: its scratch dir (a tmpfs under bwrap);
     max_output: bytes kept of stdout and of stderr (more is status output_too_large);
@@ -448,6 +463,7 @@ def run_python(script: str, files: dict | None = None, *, timeout_s: float = 60.
     gpu: expose /dev/nvidia* and /sys, limit the data segment instead of the address space;
     use_bwrap: False forces the fallback without bwrap (tests use it)."""
     t0 = time.monotonic()
+    timeout_s = inner_limit(timeout_s)
     problem = bwrap_problem() if use_bwrap else "bwrap disabled by the caller"
     root = os.geteuid() == 0
     enforced = ["own process group killed on wall timeout", "rlimit cpu", "rlimit " + ("data" if gpu else "as"),

@@ -5,8 +5,11 @@ PyTorch reference in the sandbox; else 0.0 with a reason code.
     task: {"name": str, "reference_code": str defining Model, get_inputs(), get_init_inputs(), ...}
     completion: model output; the code is the last ```python block (an unclosed last block counts), or the
                 whole text if there is none
-    info: {"reason": str, "detail": str, "time_s": float, "not_enforced": [str], "max_abs_err": float,
-           "speedup": float (CUDA only)}
+    info: {"reason": str, "detail": str, "public": str, "time_s": float, "not_enforced": [str],
+           "max_abs_err": float, "speedup": float (CUDA only)}
+           public: the part of detail that holds nothing computed from the hidden inputs (what a tool may show
+           the model: the linter's and the harness's messages, shapes and dtypes, a candidate's error from
+           before its inputs existed); "" where there is none
 
 AutoTriton (SFT then GRPO): reward = is_triton(code) AND passes tests. `lint` decides is_triton; `execute` runs
 the reference (once per task, cached) and the candidate in two sandboxes (rewards/triton_harness.py), on inputs
@@ -15,6 +18,10 @@ from seeds drawn per process and never shown to the candidate, and compares here
 reference. On CPU the kernels run under TRITON_INTERPRET=1; on CUDA on the GPU, with the speedup.
 
 The accepted language (an allowlist: what is not described here is refused; reason in brackets).
+  L0 size [lint_size]: at most _CODE_MAX bytes and _NODES_MAX syntax-tree nodes. The linter runs in the scoring
+     process without a time limit, so every pass is linear in the file: one index of the tree (parents, subtrees,
+     scopes, stores per scope and name) that the other passes read instead of searching, climbs up the tree
+     remembered per node, symtable's raw flags.
   L1 text [lint_encoding]: utf-8 without another coding declaration or a carriage return, so Python, the
      sandbox and Triton's line-based re-read of a kernel (linecache) all see the same lines.
   L2 imports [lint_import]: at module level only, of torch, torch.nn, triton, triton.language (.math,
@@ -94,14 +101,17 @@ Why accepted code reaches no exec, frame, numpy or host compute (check rule by r
      arguments). `execute` alone runs code without this rule (the sandbox and the parent's validation hold).
 
 Reason codes, in the order they are checked:
-  no_code; lint_encoding, syntax_error, lint_try_except, lint_monkeypatch, lint_forbidden_call, lint_import,
-  lint_name, lint_string, lint_source, lint_launch, lint_no_model, lint_no_kernel, lint_kernel_not_launched,
-  lint_torch_op (static, or at run time: detail starts "runtime"; a launch the harness refused is lint_launch
-  "runtime: launch ..."); no_sandbox (no bwrap and no opt-out: rewards/sandbox.py); reference_error (the
-  task's own code failed), sandbox_error; timeout, oom (the sandbox's memory cgroup), crash (killed by a signal,
-  exited non-zero or wrote a malformed result), early_exit (exited before writing a result, or SystemExit);
-  compile_error (module import or Triton compilation failed), oom, runtime_error; input_mutated,
-  wrong_output; ok; reward_error (a failure of the reward itself: it never raises).
+  no_code; lint_size, lint_encoding, syntax_error, lint_try_except, lint_monkeypatch, lint_forbidden_call,
+  lint_import, lint_name, lint_string, lint_source, lint_launch, lint_no_model, lint_no_kernel,
+  lint_kernel_not_launched, lint_torch_op (static, or at run time: detail starts "runtime"; a launch the harness
+  refused is lint_launch "runtime: launch ..."), gpu_compile (at run time: a launch's kernel does not compile for
+  sm_90 with that launch's types and constexprs, or its grid is over CUDA's limits), race (at run time: one
+  program of a launch stores, or updates atomically, what another accesses without an atomic); no_sandbox (no
+  bwrap and no opt-out: rewards/sandbox.py); reference_error (the task's own code failed), sandbox_error; timeout,
+  oom (the sandbox's memory cgroup), crash (killed by a signal, exited non-zero or wrote a malformed result),
+  early_exit (exited before writing a result, or SystemExit); compile_error (module import or Triton compilation
+  failed), oom, runtime_error; input_mutated, wrong_output; ok; reward_error (a failure of the reward itself: it
+  never raises).
 """
 
 import ast
@@ -161,6 +171,9 @@ f_builtins f_code f_trace tb_frame tb_next co_code co_consts co_names func_globa
 """.split())
 _ALLOWED_DUNDERS = frozenset(("__init__",))
 _STRING_MAX = 200              # characters of a str constant that is not a docstring
+_CODE_MAX = 100_000            # bytes of code linted at all (honest candidates are a few KB)
+_NODES_MAX = 50_000            # syntax-tree nodes linted at all: honest code has at most 0.38 per byte (the shipped
+                               # solutions, the honest sets), a unary chain 2: its 100 KB would take 4x as long
 _KERNEL_DECORATORS = {"triton.jit": {"debug", "noinline", "do_not_specialize", "do_not_specialize_on_alignment"},
                       "triton.autotune": {"configs", "key", "reset_to_zero", "restore_value"},
                       "triton.heuristics": {"values"}}
@@ -206,9 +219,9 @@ apply_ map_ map2_ renorm dist cdist histc bincount unique nan_to_num item
 """.split())
 # tensor -> numpy / Python data or raw memory: forbidden everywhere, __init__ and kernels included
 _BRIDGE_METHODS = frozenset("numpy tolist untyped_storage storage _typed_storage".split())
-_LINT_ORDER = ("lint_encoding", "lint_try_except", "lint_monkeypatch", "lint_forbidden_call", "lint_import",
-               "lint_name", "lint_string", "lint_source", "lint_launch", "lint_no_model", "lint_no_kernel",
-               "lint_kernel_not_launched", "lint_torch_op")
+_LINT_ORDER = ("lint_size", "lint_encoding", "lint_try_except", "lint_monkeypatch", "lint_forbidden_call",
+               "lint_import", "lint_name", "lint_string", "lint_source", "lint_launch", "lint_no_model",
+               "lint_no_kernel", "lint_kernel_not_launched", "lint_torch_op")
 _TOLERANCE = {"float16": 1e-2, "bfloat16": 1e-2}   # atol = rtol by output dtype; other floats 1e-4
 _MAIN_GUARD = ast.dump(ast.parse('__name__ == "__main__"', mode="eval").body)
 
@@ -263,25 +276,14 @@ def _triton_reads() -> frozenset:
     return frozenset(n.id for n in ast.walk(rewritten) if isinstance(n, ast.Name)) - before - params
 
 
-def _dotted(node) -> str | None:
-    """"a.b.c" for an Attribute chain on a Name, else None."""
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    return ".".join([node.id, *reversed(parts)])
-
-
 def _root(dotted: str | None) -> str | None:
     return dotted.partition(".")[0] if dotted else None
 
 
-def _docstrings(tree) -> dict:
-    """{id(Constant): Constant} of the docstrings of the module, its classes and functions."""
+def _docstrings(nodes: list) -> dict:
+    """{id(Constant): Constant} of the docstrings among nodes (modules, classes and functions)."""
     found = {}
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and node.body and \
                 isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant) and \
                 isinstance(node.body[0].value.value, str):
@@ -290,31 +292,37 @@ def _docstrings(tree) -> dict:
 
 
 def _at_import(node):
-    """The nodes of a module-level statement that run while the module imports: everything but the bodies of
-    functions and lambdas (their decorators, defaults and annotations run)."""
-    yield node
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-        a = node.args
-        children = [*a.defaults, *filter(None, a.kw_defaults)]
-        if not isinstance(node, ast.Lambda):
-            children += [*node.decorator_list, node.returns, *(x.annotation for x in
-                         [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg] if x)]
-    else:
-        children = ast.iter_child_nodes(node)
-    for child in children:
-        if child is not None:
-            yield from _at_import(child)
+    """The nodes of a module-level statement that run while the module imports, in source order: everything but
+    the bodies of functions and lambdas (their decorators, defaults and annotations run)."""
+    todo = [node]
+    while todo:
+        node = todo.pop()
+        yield node
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            a = node.args
+            children = [*a.defaults, *filter(None, a.kw_defaults)]
+            if not isinstance(node, ast.Lambda):
+                children += [*node.decorator_list, node.returns, *(x.annotation for x in
+                             [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg] if x)]
+        else:
+            children = list(ast.iter_child_nodes(node))
+        todo.extend(child for child in reversed(children) if child is not None)
 
 
-def _same_function(src: str, fn: ast.FunctionDef) -> bool:
-    """Whether src is exactly fn without its decorators (ast.dump ignores positions)."""
+def _undecorated(fn: ast.FunctionDef) -> str:
+    """ast.dump of fn without its decorators (ast.dump ignores positions)."""
+    bare = copy.copy(fn)
+    bare.decorator_list = []
+    return ast.dump(bare)
+
+
+def _same_function(src: str, undecorated: str) -> bool:
+    """Whether src parses to exactly one statement, a function whose _undecorated dump is `undecorated`."""
     try:
         tree = ast.parse(src)
     except (SyntaxError, ValueError):
         return False
-    bare = copy.copy(fn)
-    bare.decorator_list = []
-    return len(tree.body) == 1 and ast.dump(tree.body[0]) == ast.dump(bare)
+    return len(tree.body) == 1 and ast.dump(tree.body[0]) == undecorated
 
 
 def _triton_sources(lines: list, fn: ast.FunctionDef) -> tuple:
@@ -342,7 +350,15 @@ class _Linter(ast.NodeVisitor):
         self.kernel = None         # the kernel whose body is being visited
         body = [s for s in tree.body if ast.dump(getattr(s, "test", ast.Pass())) != _MAIN_GUARD or s.orelse]
         self.module = ast.Module(body=body, type_ignores=[])      # an `if __name__ == "__main__":` never runs
-        self.parents = {child: node for node in ast.walk(self.module) for child in ast.iter_child_nodes(node)}
+        lines, kept = code.splitlines(keepends=True), {id(s) for s in body}
+        for stmt in (s for s in tree.body if id(s) not in kept):
+            lines[stmt.lineno - 1:stmt.end_lineno] = ["\n"] * (stmt.end_lineno - stmt.lineno + 1)
+        self.text = "".join(lines)                                 # the code without that block, line for line
+        self.nodes, self.spans, self.parents, self.scope_of, self.locals, self.stores = _index(self.module)
+        self.names = {}            # id(node) -> its dotted name (dotted), computed once per node
+        self.climbed = {}          # (id(node), through) -> _climb's answer
+        self.call_args = {id(a) for n in self.nodes if isinstance(n, ast.Call) for a in n.args}
+        self.bases = {id(b) for n in self.nodes if isinstance(n, ast.ClassDef) for b in n.bases}
         for stmt in body:
             if isinstance(stmt, (ast.Import, ast.ImportFrom)):
                 self._import(stmt)
@@ -355,10 +371,10 @@ class _Linter(ast.NodeVisitor):
         self.own_attrs = set()     # attributes the class being visited assigns on its methods' first parameter
         self.grids = {}            # (id of a scope, name) -> whether the name is a grid there
         self.annotations = set()   # ids of the nodes inside annotations
-        for node in ast.walk(self.module):
+        for node in self.nodes:
             found = node.annotation if isinstance(node, (ast.arg, ast.AnnAssign)) else \
                 node.returns if isinstance(node, ast.FunctionDef) else None
-            self.annotations |= {id(n) for n in ast.walk(found)} if found else set()
+            self.annotations |= {id(n) for n in self.below(found)} if found else set()
         self.visit(self.module)
         self._names(self._module_bindings())
         self._import_time()
@@ -370,10 +386,23 @@ class _Linter(ast.NodeVisitor):
     def flag(self, reason: str, node, what: str) -> None:
         self.problems.append((reason, f"line {node.lineno}: {what}" if hasattr(node, "lineno") else what))
 
+    def below(self, node) -> list:
+        """node and every node under it (ast.walk's nodes, in source order), a slice of the index."""
+        start, end = self.spans[id(node)]
+        return self.nodes[start:end]
+
+    def dotted(self, node) -> str | None:
+        """"a.b.c" for an Attribute chain on a Name, else None (each link of a chain computed once)."""
+        if id(node) not in self.names:
+            base = self.dotted(node.value) if isinstance(node, ast.Attribute) else None
+            self.names[id(node)] = node.id if isinstance(node, ast.Name) else \
+                f"{base}.{node.attr}" if base is not None else None
+        return self.names[id(node)]
+
     def resolve(self, node) -> str | None:
         """Dotted name with its root import alias expanded (tl.load -> triton.language.load); None if the
         root is not an imported name."""
-        dotted = _dotted(node)
+        dotted = self.dotted(node)
         if dotted is None:
             return None
         root, _, rest = dotted.partition(".")
@@ -491,12 +520,12 @@ class _Linter(ast.NodeVisitor):
                     isinstance(base, ast.Name) and base.id in self.classes):
                 self.flag("lint_forbidden_call", base, f"class {node.name} derives from {ast.unparse(base)} (only "
                           "nn.Module, torch.autograd.Function and classes of the file)")
-        own = {n.id for stmt in node.body if isinstance(stmt, (ast.Assign, ast.AnnAssign)) for n in ast.walk(stmt)
+        own = {n.id for stmt in node.body if isinstance(stmt, (ast.Assign, ast.AnnAssign)) for n in self.below(stmt)
                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
         for m in node.body:
             if isinstance(m, ast.FunctionDef):
                 own.add(m.name)
-                own |= {t.attr for t in ast.walk(m) if isinstance(t, ast.Attribute) and isinstance(t.ctx, ast.Store)
+                own |= {t.attr for t in self.below(m) if isinstance(t, ast.Attribute) and isinstance(t.ctx, ast.Store)
                         and isinstance(t.value, ast.Name) and m.args.args and t.value.id == m.args.args[0].arg}
         self.own_attrs = own
         self.generic_visit(node)
@@ -527,7 +556,7 @@ class _Linter(ast.NodeVisitor):
             self.methods.pop()
 
     def _scoped(self, node):
-        self.scopes.append(_local_names(node))
+        self.scopes.append(self.locals[id(node)])
         self.generic_visit(node)
         self.scopes.pop()
 
@@ -566,15 +595,16 @@ class _Linter(ast.NodeVisitor):
         """Every name a scope reads from the globals (symtable: Python's own scoping) is bound by the module or
         is one of _BUILTINS: after a launch the interpreter copies its own globals (np, inspect, ...) into this
         module for every name the file does not bind. Flags the first such builtin and the first other name."""
-        todo, unbound = [symtable.symtable(ast.unparse(self.module), "candidate.py", "exec")], {}
+        todo, unbound, known = [symtable.symtable(self.text, "candidate.py", "exec")], {}, bound | _BUILTINS
         while todo and len(unbound) < 2:
             table = todo.pop()
             todo.extend(table.get_children())
-            for sym in table.get_symbols():
-                name = sym.get_name()
-                if sym.is_referenced() and sym.is_global() and name not in bound | _BUILTINS:
+            module_scope = table.get_type() == "module"
+            for name, flags in table._table.symbols.items():   # get_symbols() matches every symbol against every
+                sym = symtable.Symbol(name, flags, module_scope=module_scope)     # child table: quadratic
+                if sym.is_referenced() and sym.is_global() and name not in known:
                     unbound.setdefault(hasattr(builtins, name), name)
-        for node in ast.walk(self.module) if unbound else ():
+        for node in self.nodes if unbound else ():
             if isinstance(node, ast.Name) and node.id in unbound.values():
                 if hasattr(builtins, node.id):
                     self.flag("lint_forbidden_call", node, f"uses builtin {node.id}")
@@ -598,18 +628,23 @@ class _Linter(ast.NodeVisitor):
                     self.flag("lint_name", node, f"{ast.unparse(node.func)}(...) runs at import (module level "
                               "calls only imported API names and builtins)")
                 elif isinstance(node, ast.Name) and node.id in defined and isinstance(node.ctx, ast.Load) and \
-                        not (isinstance(parent, ast.ClassDef) and node in parent.bases):
+                        not (isinstance(parent, ast.ClassDef) and id(node) in self.bases):
                     self.flag("lint_name", node, f"{node.id} used at import time")
 
     # ---- L5 strings ----
     def _strings(self, code: str) -> None:
-        docs = _docstrings(self.module)
-        spans = {(d.lineno, d.end_lineno) for d in docs.values()}
-        for tok in tokenize.generate_tokens(io.StringIO(code).readline):
-            if tok.type == tokenize.STRING and tok.start[0] != tok.end[0] and (tok.start[0], tok.end[0]) not in spans:
-                self.flag("lint_string", types.SimpleNamespace(lineno=tok.start[0]),
-                          "a string spanning lines (only docstrings may)")
-        for node in ast.walk(self.module):
+        docs = _docstrings(self.nodes)
+        lines = code.splitlines(keepends=True)
+        for node in self.nodes:     # a literal over several lines: is one of its tokens (not just the literal) so?
+            if isinstance(node, (ast.Constant, ast.JoinedStr)) and node.end_lineno != node.lineno and id(node) not in \
+                    docs and not isinstance(self.parents.get(node), (ast.JoinedStr, ast.FormattedValue)):
+                first, last = (lines[i - 1].encode() for i in (node.lineno, node.end_lineno))  # offsets: utf-8
+                text = "(" + first[node.col_offset:].decode() + "".join(lines[node.lineno:node.end_lineno - 1]) + \
+                    last[:node.end_col_offset].decode() + ")"
+                if any(t.type == tokenize.STRING and t.start[0] != t.end[0]
+                       for t in tokenize.generate_tokens(io.StringIO(text).readline)):
+                    self.flag("lint_string", node, "a string spanning lines (only docstrings may)")
+        for node in self.nodes:
             parent = self.parents.get(node)
             if id(node) in self.annotations and (isinstance(node, ast.JoinedStr) or
                                             isinstance(node, ast.Constant) and isinstance(node.value, str)):
@@ -629,13 +664,9 @@ class _Linter(ast.NodeVisitor):
     def _string_place(self, node) -> bool:
         """A call argument, subscript key, comparison operand, assert message, assigned or default value, or a
         dict key / value; possibly inside list / tuple / dict literals there."""
-        child, parent = node, self.parents.get(node)
-        while isinstance(parent, (ast.List, ast.Tuple, ast.Set, ast.Starred, ast.Dict)):
-            if isinstance(parent, ast.Dict):
-                return True
-            child, parent = parent, self.parents.get(parent)
-        return isinstance(parent, (ast.keyword, ast.Compare, ast.arguments)) or \
-            isinstance(parent, ast.Call) and child in parent.args or \
+        child, parent = self._climb(node, _in_literal)
+        return isinstance(parent, (ast.keyword, ast.Compare, ast.arguments, ast.Dict)) or \
+            isinstance(parent, ast.Call) and id(child) in self.call_args or \
             isinstance(parent, ast.Subscript) and child is parent.slice or \
             isinstance(parent, ast.Assert) and child is parent.msg or \
             isinstance(parent, (ast.Assign, ast.AnnAssign)) and child is parent.value
@@ -646,9 +677,19 @@ class _Linter(ast.NodeVisitor):
         parent = self.parents.get(node)
         if isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name) and parent.func.id == "print":
             return True
-        while parent is not None and not isinstance(parent, ast.stmt):
-            node, parent = parent, self.parents.get(parent)
+        node, parent = self._climb(node, _in_statement)
         return isinstance(parent, ast.Raise) or isinstance(parent, ast.Assert) and node is parent.msg
+
+    def _climb(self, node, through) -> tuple:
+        """(child, ancestor): the first ancestor of node for which through(ancestor) is false (None past the
+        module), and its child on the way. Each node's answer is kept, so a deep chain is climbed once, not once
+        for every node below it."""
+        key = (id(node), through)
+        if key not in self.climbed:
+            parent = self.parents.get(node)
+            self.climbed[key] = self._climb(parent, through) if parent is not None and through(parent) else \
+                (node, parent)
+        return self.climbed[key]
 
     # ---- L7 the text Triton compiles ----
     def _kernel_sources(self, code: str) -> None:
@@ -660,7 +701,8 @@ class _Linter(ast.NodeVisitor):
                 self.flag("lint_source", fn, f"kernel {fn.name}: inspect can't read its block ({type(e).__name__})")
                 continue
             defs = sum(line.strip().startswith("def ") for line in block)
-            if defs != 1 or not (_same_function(interpreted, fn) and _same_function(compiled, fn)):
+            undecorated = _undecorated(fn)     # dumped once, each distinct text parsed once
+            if defs != 1 or not all(_same_function(text, undecorated) for text in {interpreted, compiled}):
                 self.flag("lint_source", fn, f"kernel {fn.name}: the text Triton re-reads and compiles is not the "
                           f"linted function ({defs} lines of its block start with 'def ')")
 
@@ -710,8 +752,8 @@ class _Linter(ast.NodeVisitor):
         called only in kernels, but for module-level `X = tl.constexpr(<constant>)`."""
         decorators = {id(d.func if isinstance(d, ast.Call) else d) for fn in self.kernels.values()
                       for d in fn.decorator_list}
-        in_kernel = {id(n) for fn in self.kernels.values() for stmt in fn.body for n in ast.walk(stmt)}
-        for node in ast.walk(self.module):
+        in_kernel = {id(n) for fn in self.kernels.values() for stmt in fn.body for n in self.below(stmt)}
+        for node in self.nodes:
             if isinstance(node, (ast.Name, ast.Attribute)) and id(node) not in decorators and \
                     self.resolve(node) in _KERNEL_DECORATORS:
                 self.flag("lint_launch", node, f"{self.resolve(node)} used other than as a kernel's decorator")
@@ -724,7 +766,8 @@ class _Linter(ast.NodeVisitor):
             if isinstance(node, ast.Call) and id(node) not in in_kernel and \
                     (self.resolve(node.func) or "").startswith("triton.language.") and not (
                     self.resolve(node.func) == "triton.language.constexpr" and
-                    isinstance(self.parents.get(node), ast.Assign) and self.parents[node] in self.module.body and
+                    isinstance(self.parents.get(node), ast.Assign) and
+                    self.parents.get(self.parents[node]) is self.module and
                     all(isinstance(a, ast.Constant) for a in node.args)):
                 self.flag("lint_launch", node, f"{ast.unparse(node.func)}(...) outside a kernel (only "
                           "X = tl.constexpr(<constant>) at module level)")
@@ -734,19 +777,13 @@ class _Linter(ast.NodeVisitor):
         call = self.parents.get(parent) if isinstance(parent, ast.keyword) else parent
         if not in_kernel and isinstance(parent, ast.Subscript) and parent.value is node and \
                 isinstance(self.parents.get(parent), ast.Call) and self.parents[parent].func is parent:
-            if not self._grid(parent.slice, self._scope(node)):
+            if not self._grid(parent.slice, self.scope_of[id(node)]):
                 self.flag("lint_launch", parent.slice, f"grid {ast.unparse(parent.slice)[:80]}: a tuple, or a "
                           "lambda over meta returning a tuple of size expressions")
         elif not (in_kernel and isinstance(call, ast.Call) and
                   (call.func is node or (self.resolve(call.func) or "").startswith("triton.language."))):
             self.flag("lint_launch", node, f"kernel {node.id} used as a value (only kernel[grid](...) launches it; "
                       "kernels may call it)")
-
-    def _scope(self, node):
-        """The innermost function, lambda or the module holding node."""
-        while not isinstance(node, (ast.FunctionDef, ast.Lambda, ast.Module)):
-            node = self.parents[node]
-        return node
 
     def _grid(self, expr, scope) -> bool:
         """A tuple of size expressions, a one-argument lambda returning one, or a name that its scope (else the
@@ -764,10 +801,9 @@ class _Linter(ast.NodeVisitor):
         return False
 
     def _grid_name(self, expr: ast.Name, scope) -> bool:
-        if not isinstance(scope, ast.Module) and expr.id not in _local_names(scope):
+        if not isinstance(scope, ast.Module) and expr.id not in self.locals[id(scope)]:
             scope = self.module
-        stores = [n for n in ast.walk(scope) if isinstance(n, ast.Name) and n.id == expr.id and
-                  isinstance(n.ctx, ast.Store) and self._scope(n) is scope]
+        stores = self.stores.get((id(scope), expr.id), [])
         values = [self.parents[n].value for n in stores if getattr(self.parents[n], "value", None) is not None and (
             isinstance(self.parents[n], ast.Assign) and self.parents[n].targets == [n] or
             isinstance(self.parents[n], ast.AnnAssign) and self.parents[n].target is n)]
@@ -786,7 +822,7 @@ class _Linter(ast.NodeVisitor):
         if isinstance(e, ast.Constant):
             return type(e.value) in (int, bool)
         if isinstance(e, (ast.Name, ast.Attribute)):
-            return _dotted(e) is not None and _root(_dotted(e)) != meta
+            return self.dotted(e) is not None and _root(self.dotted(e)) != meta
         if isinstance(e, ast.Subscript):
             if isinstance(e.value, ast.Name) and e.value.id == meta:
                 return isinstance(e.slice, ast.Constant) and isinstance(e.slice.value, str)
@@ -802,7 +838,7 @@ class _Linter(ast.NodeVisitor):
                 isinstance(e.func, ast.Name) and e.func.id in ("min", "max"):
             return all(self._size(a, meta) for a in e.args)
         return isinstance(e.func, ast.Attribute) and e.func.attr in _SIZE_METHODS and \
-            _root(_dotted(e.func.value)) not in (None, meta) and \
+            _root(self.dotted(e.func.value)) not in (None, meta) and \
             all(isinstance(a, ast.Constant) and type(a.value) is int for a in e.args)
 
     def _condition(self, e, meta) -> bool:
@@ -821,8 +857,12 @@ class _Linter(ast.NodeVisitor):
         classes = {name: {m.name: m for m in c.body if isinstance(m, ast.FunctionDef)}
                    for name, c in self.classes.items()}
         kernels = set(self.kernels)
+        module_names = {target for node in self.module.body for target in _assigned(node)}
+        readable = kernels | set(self.aliases) | {
+            target for node in self.module.body if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+            and self.resolve(node.value.func) == "triton.language.constexpr" for target in _assigned(node)}
         for name in kernels:
-            self._kernel_globals(funcs[name], kernels)
+            self._kernel_globals(funcs[name], module_names - readable)
         model = classes.get("ModelNew", {})
         if "forward" not in model:
             self.flag("lint_no_model", self.module, "no class ModelNew with a forward method")
@@ -830,65 +870,59 @@ class _Linter(ast.NodeVisitor):
         if not kernels:
             self.flag("lint_no_kernel", self.module, "no @triton.jit kernel")
             return
-        reachable = self._reachable(funcs, classes, kernels)
-        launched = {node.func.value.id for fn in reachable.values() for node in ast.walk(fn)
-                    if isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript)
-                    and isinstance(node.func.value, ast.Name) and node.func.value.id in kernels}
+        launched = self._launched(funcs, classes, kernels)
         if not launched:
             self.flag("lint_kernel_not_launched", model["forward"],
                       f"kernels {sorted(kernels)} are never launched (kernel[grid](...)) from ModelNew")
         exempt = {id(n) for fn in [model.get("__init__"), *(funcs[k] for k in kernels)] if fn
-                  for stmt in fn.body for n in ast.walk(stmt)}
+                  for stmt in fn.body for n in self.below(stmt)}
         submodules = {f"self.{s}" for s in self._submodules(model.get("__init__"))}
-        for node in ast.walk(self.module):
+        for node in self.nodes:
             self._torch_ops(node, submodules, strict=id(node) not in exempt)
 
-    def _kernel_globals(self, kernel, kernels: set) -> None:
+    def _kernel_globals(self, kernel, unreadable: set) -> None:
         """A kernel body may read only its own names, imports, other kernels and `X = tl.constexpr(...)`
-        globals: what the GPU compiler accepts. Anything else (a dict of tensors, a helper function) only works
-        under the interpreter, where it runs as plain Python."""
-        constexpr, module_names = set(), set()
-        for node in self.module.body:
-            for target in _assigned(node):
-                module_names.add(target)
-                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
-                        self.resolve(node.value.func) == "triton.language.constexpr":
-                    constexpr.add(target)
-        local = _local_names(kernel)
-        for node in (n for stmt in kernel.body for n in ast.walk(stmt)):
-            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in module_names and \
-                    node.id not in local | kernels | constexpr | set(self.aliases):
+        globals (module names outside those: `unreadable`): what the GPU compiler accepts. Anything else (a dict
+        of tensors, a helper function) only works under the interpreter, where it runs as plain Python."""
+        local = self.locals[id(kernel)]
+        for node in (n for stmt in kernel.body for n in self.below(stmt)):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in unreadable and \
+                    node.id not in local:
                 self.flag("lint_forbidden_call", node, f"kernel {kernel.name} reads global {node.id} (only "
                           "tl.constexpr globals and other kernels compile on a GPU)")
 
-    def _reachable(self, funcs, classes, kernels) -> dict:
-        """{(class or None, name): function node} for every method of ModelNew and everything they reach by
-        name (calls, callbacks, self.method; SomeClass.apply or SomeClass(...) pull in all of SomeClass)."""
-        todo, seen = [("ModelNew", m) for m in classes["ModelNew"]], {}
+    def _launched(self, funcs, classes, kernels) -> set:
+        """Names of the kernels launched (kernel[grid](...)) in the methods of ModelNew and everything they
+        reach by name (calls, callbacks, self.method; SomeClass.apply or SomeClass(...) pull in all of
+        SomeClass), each function walked once."""
+        todo, seen, pulled, launched = [("ModelNew", m) for m in classes["ModelNew"]], set(), {"ModelNew"}, set()
         while todo:
             cls, name = todo.pop()
             if (cls, name) in seen:
                 continue
-            fn = classes[cls][name] if cls else funcs[name]
-            seen[(cls, name)] = fn
-            for node in ast.walk(fn):
-                if isinstance(node, ast.Name) and node.id in funcs and node.id not in kernels:
+            seen.add((cls, name))
+            for node in self.below(classes[cls][name] if cls else funcs[name]):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript) and \
+                        isinstance(node.func.value, ast.Name) and node.func.value.id in kernels:
+                    launched.add(node.func.value.id)
+                elif isinstance(node, ast.Name) and node.id in funcs and node.id not in kernels:
                     todo.append((None, node.id))
-                elif isinstance(node, ast.Name) and node.id in classes:
+                elif isinstance(node, ast.Name) and node.id in classes and node.id not in pulled:
+                    pulled.add(node.id)
                     todo.extend((node.id, m) for m in classes[node.id])
-                elif cls and isinstance(node, ast.Attribute) and _dotted(node) == f"self.{node.attr}" \
+                elif cls and isinstance(node, ast.Attribute) and self.dotted(node) == f"self.{node.attr}" \
                         and node.attr in classes[cls]:
                     todo.append((cls, node.attr))
-        return seen
+        return launched
 
     def _submodules(self, init) -> set:
         """Names X of `self.X = nn.Something(...)` in ModelNew.__init__ (torch modules, except Parameter)."""
         found = set()
-        for node in ast.walk(init) if init else ():
+        for node in self.below(init) if init else ():
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
                 target = self.resolve(node.value.func) or ""
                 if target.startswith("torch.nn.") and target != "torch.nn.Parameter":
-                    found |= {t.attr for t in node.targets if _dotted(t) == f"self.{getattr(t, 'attr', '')}"}
+                    found |= {t.attr for t in node.targets if self.dotted(t) == f"self.{getattr(t, 'attr', '')}"}
         return found
 
     def _torch_ops(self, node, submodules: set, strict: bool) -> None:
@@ -902,7 +936,7 @@ class _Linter(ast.NodeVisitor):
             if node.attr in _BRIDGE_METHODS:
                 self.flag("lint_torch_op", node, f"tensor method .{node.attr} (numpy / Python compute)")
             elif strict and (node.attr in _COMPUTE_METHODS or node.attr.rstrip("_") in _COMPUTE_METHODS) and \
-                    _dotted(node) not in submodules:          # self.linear.weight is a parameter, not a call
+                    self.dotted(node) not in submodules:          # self.linear.weight is a parameter, not a call
                 self.flag("lint_torch_op", node, f"tensor method .{node.attr}")
         if not strict:
             return
@@ -910,7 +944,7 @@ class _Linter(ast.NodeVisitor):
             self.flag("lint_torch_op", node, "@ (matmul) on tensors")
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             func, receiver = node.func, node.func.value
-            if _dotted(receiver) in submodules or _dotted(func) in submodules:
+            if self.dotted(receiver) in submodules or self.dotted(func) in submodules:
                 self.flag("lint_torch_op", node, f"calls torch module {ast.unparse(func)}")
 
     def _check_path(self, node, strict: bool) -> None:
@@ -930,11 +964,58 @@ class _Linter(ast.NodeVisitor):
         self.flag("lint_torch_op" if path.split(".")[0] == "torch" else "lint_import", node, what)
 
 
-def _local_names(fn) -> set:
-    """Parameters of fn and every name it assigns."""
-    args = fn.args
-    names = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg] if a}
-    return names | {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+def _in_literal(node) -> bool:
+    return isinstance(node, (ast.List, ast.Tuple, ast.Set, ast.Starred))
+
+
+def _in_statement(node) -> bool:
+    return not isinstance(node, ast.stmt)
+
+
+class _TooLarge(Exception):
+    """The code has more than _NODES_MAX syntax-tree nodes: _index stops there."""
+
+
+def _index(module: ast.Module) -> tuple:
+    """One pass over the module, which every later pass reads instead of walking the tree again: (every node in
+    depth-first source order, {id(node): (start, end) of its subtree in that list}, {child: parent}, {id(node): the
+    innermost function, lambda or the module holding it (a function or lambda holds itself)}, {id(scope): its
+    parameters and the names it assigns outside nested functions and lambdas}, {(id(scope), name): [the Name nodes
+    storing name there]})."""
+    nodes, spans, parents, scope_of, names, stores = [], {}, {}, {}, {id(module): set()}, {}
+    todo = [(module, module)]
+    while todo:
+        node, scope = todo.pop()
+        if scope is None:                  # the end of node's subtree
+            spans[id(node)] = (spans[id(node)], len(nodes))
+            continue
+        kind, start = type(node), len(nodes)
+        if start == _NODES_MAX:
+            raise _TooLarge(f"over {_NODES_MAX} syntax-tree nodes")
+        nodes.append(node)
+        if kind is ast.FunctionDef or kind is ast.Lambda:
+            scope, a = node, node.args
+            names[id(node)] = {x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg] if x}
+        scope_of[id(node)] = scope
+        if kind is ast.Name and type(node.ctx) is ast.Store:
+            names[id(scope)].add(node.id)
+            stores.setdefault((id(scope), node.id), []).append(node)
+        children = []                      # ast.iter_child_nodes, without its generators' cost
+        for field in node._fields:
+            value = getattr(node, field, None)
+            if isinstance(value, ast.AST):
+                children.append(value)
+            elif type(value) is list:
+                children += [v for v in value if isinstance(v, ast.AST)]
+        if not children:
+            spans[id(node)] = (start, start + 1)
+            continue
+        spans[id(node)] = start
+        todo.append((node, None))
+        for child in reversed(children):
+            parents[child] = node
+            todo.append((child, scope))
+    return nodes, spans, parents, scope_of, names, stores
 
 
 def _assigned(stmt) -> list:
@@ -964,11 +1045,16 @@ def _encoding_problem(code: str) -> str | None:
 
 def lint(code: str) -> tuple:
     """(None, "") when the code passes the rule-based check, else (reason, detail)."""
+    size = len(code.encode("utf-8", "surrogatepass"))
+    if size > _CODE_MAX:
+        return "lint_size", f"{size} bytes of code (at most {_CODE_MAX})"
     problem = _encoding_problem(code)
     if problem:
         return "lint_encoding", problem
     try:
         problems = dict(reversed(_Linter(code, ast.parse(code)).problems))      # first problem of each reason wins
+    except _TooLarge as e:
+        return "lint_size", str(e)
     except (SyntaxError, ValueError, RecursionError, MemoryError, tokenize.TokenError) as e:   # ValueError: NUL
         return "syntax_error", f"{type(e).__name__}: {str(e)[:500]}"      # bytes; Recursion/Memory: deep nesting
     for reason in _LINT_ORDER:
@@ -1034,7 +1120,12 @@ def _as_bytes_tensor(value):
 
 
 _HARNESS_ERRORS = frozenset({"compile_error", "oom", "runtime_error", "early_exit"})
-_META_KEYS = frozenset({"error", "detail", "n_out", "launches", "violations", "ms"})
+_META_KEYS = frozenset({"error", "detail", "phase", "n_out", "launches", "violations", "ms"})
+_PHASES = ("import", "init", "forward")     # where the harness's error happened (or null); "import": no input existed
+# a run-time violation's reason by its prefix (lint_torch_op without one: aten ops, bridges, threads), and the order
+# in which the reasons win: a refused launch, host compute, a kernel the GPU compiler refuses, a race
+_VIOLATION_PREFIXES = {"launch:": "lint_launch", "gpu_compile:": "gpu_compile", "race:": "race"}
+_VIOLATION_ORDER = ("lint_launch", "lint_torch_op", "gpu_compile", "race")
 _MAX_HEADER = 1 << 18          # bytes of safetensors header: a few dozen tensor entries and meta (<= 80 KB)
 _MAX_OUTPUTS = 64              # outputs per case the header may list (the reference's count is checked later)
 _MIN_RESULT_MB = 16            # files the candidate writes: its result, and Triton's cache on CUDA
@@ -1100,11 +1191,12 @@ def _parse_result(blob: bytes, cases: list) -> dict:
         raise Malformed(f"header: {type(e).__name__}") from None
     if type(meta) is not dict or set(meta) != _META_KEYS:
         raise Malformed("meta fields")
-    error, detail = meta["error"], meta["detail"]
-    if not (error is None or type(error) is str and error in _HARNESS_ERRORS) or type(detail) is not str:
+    error, detail, phase = meta["error"], meta["detail"], meta["phase"]
+    if not (error is None or type(error) is str and error in _HARNESS_ERRORS) or type(detail) is not str or \
+            not (phase is None or type(phase) is str and phase in _PHASES):
         raise Malformed("error is not one of the harness's failure reasons")
     if error is not None:
-        return {"error": error, "detail": detail[:2000]}
+        return {"error": error, "detail": detail[:2000], "phase": phase}
     n = len(cases)
     n_out = _int_list(meta["n_out"], n, "n_out", _MAX_OUTPUTS + 1)
     launches = _int_list(meta["launches"], n, "launches")
@@ -1133,37 +1225,44 @@ def _is_tensor(x) -> bool:
 
 
 def _compare(cases: list, result: dict) -> tuple:
-    """(reason, detail, max_abs_err) for a validated result against the reference cases."""
+    """(reason, detail, public, max_abs_err) for a validated result against the reference cases. public: the
+    part of detail that holds no value computed from hidden inputs (the harness's own messages, shapes, dtypes;
+    a candidate's exception only from before its inputs existed)."""
     import torch
     if result["error"]:
-        return result["error"], result["detail"], None
+        return result["error"], result["detail"], result["detail"] if result["phase"] == "import" else "", None
     if result["violations"]:
-        launch = any(v.startswith("launch:") for v in result["violations"])
-        return "lint_launch" if launch else "lint_torch_op", f"runtime: {result['violations'][:5]}", None
+        reasons = [next((r for p, r in _VIOLATION_PREFIXES.items() if v.startswith(p)), "lint_torch_op")
+                   for v in result["violations"]]
+        reason = min(reasons, key=_VIOLATION_ORDER.index)
+        detail = f"runtime: {[v for v, r in zip(result['violations'], reasons) if r == reason][:5]}"
+        return reason, detail, detail, None
     if min(result["launches"]) < 1:
-        return "lint_kernel_not_launched", "runtime: a forward call launched no Triton kernel", None
+        detail = "runtime: a forward call launched no Triton kernel"
+        return "lint_kernel_not_launched", detail, detail, None
     max_err = 0.0
     for k, (case, outs, after) in enumerate(zip(cases, result["outputs"], result["after"], strict=True)):
         for i, y in after.items():
             x = case["inputs"][i]
             if not (y.shape == x.shape and y.dtype == x.dtype and torch.equal(x, y)):
-                return "input_mutated", f"case {k}: input {i} changed by forward", None
+                return "input_mutated", *[f"case {k}: input {i} changed by forward"] * 2, None
         if len(outs) != len(case["outputs"]):
-            return "wrong_output", f"{len(outs)} outputs, expected {len(case['outputs'])}", None
+            return "wrong_output", *[f"{len(outs)} outputs, expected {len(case['outputs'])}"] * 2, None
         for o, r in zip(outs, case["outputs"]):
             if o.shape != r.shape or o.dtype != r.dtype:
-                return "wrong_output", f"case {k}: got {o.dtype} {tuple(o.shape)}, expected {r.dtype} " \
-                                       f"{tuple(r.shape)}", None
+                return "wrong_output", *[f"case {k}: got {o.dtype} {tuple(o.shape)}, expected {r.dtype} "
+                                         f"{tuple(r.shape)}"] * 2, None
             if not r.is_floating_point():
                 if not torch.equal(o, r):
-                    return "wrong_output", f"case {k}: integer output differs", None
+                    return "wrong_output", *[f"case {k}: integer output differs"] * 2, None
                 continue
             err = (o.double() - r.double()).abs().nan_to_num(float("inf")).max().item() if r.numel() else 0.0
             max_err = max(max_err, err)
             tol = _TOLERANCE.get(str(r.dtype).removeprefix("torch."), 1e-4)
             if not torch.allclose(o, r, atol=tol, rtol=tol, equal_nan=True):
-                return "wrong_output", f"case {k}: max abs err {err:.3g} (atol=rtol={tol})", max_err
-    return "ok", "", max_err
+                return "wrong_output", f"case {k}: max abs err {err:.3g} (atol=rtol={tol})", \
+                    f"case {k}: values differ (atol=rtol={tol})", max_err
+    return "ok", "", "", max_err
 
 
 def execute(code: str, task: dict, timeout_s: float = 60.0) -> tuple:
@@ -1186,8 +1285,8 @@ def execute(code: str, task: dict, timeout_s: float = 60.0) -> tuple:
         result = _parse_result(blob, ref["cases"])
     except Malformed as e:
         return 0.0, {**info, "reason": "crash", "detail": f"malformed result: {e}"}
-    reason, detail, max_err = _compare(ref["cases"], result)
-    info.update(reason=reason, detail=detail, max_abs_err=max_err)
+    reason, detail, public, max_err = _compare(ref["cases"], result)
+    info.update(reason=reason, detail=detail, public=public, max_abs_err=max_err)
     if reason == "ok" and result["ms"] and ref["ms"]:
         info["speedup"] = ref["ms"] / result["ms"]
     return (1.0 if reason == "ok" else 0.0), info
@@ -1203,12 +1302,13 @@ def triton_reward(completion: str, task: dict, timeout_s: float = 60.0) -> tuple
         if not code:
             score, info = 0.0, {"reason": "no_code", "detail": ""}
         elif (lint_result := lint(code))[0]:
-            score, info = 0.0, {"reason": lint_result[0], "detail": lint_result[1]}
+            score, info = 0.0, {"reason": lint_result[0], "detail": lint_result[1], "public": lint_result[1]}
         elif refused:
             score, info = 0.0, {"reason": "no_sandbox", "detail": refused}
         else:
             score, info = execute(code, task, timeout_s)
     except Exception as e:      # a bug here must cost one sample, not the batch (the message is not trusted)
         score, info = 0.0, {"reason": "reward_error", "detail": type(e).__name__}
+    info.setdefault("public", "")
     info["time_s"] = time.monotonic() - t0
     return score, info

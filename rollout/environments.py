@@ -22,6 +22,10 @@ one token of the tokenizer (Qwen2/2.5's is; data/tiny_model.py --tools adds it):
 Faults become observations the model reads and counted reasons, never crashes: malformed (not a call the format
 allows), unknown_tool, tool_error (the tool raised), timeout, crash (the worker died), truncated (output over
 max_obs_tokens, cut and said so), no_sandbox (a code tool without isolation: fails closed).
+
+Observations are data: every text an environment returns passes observation_text (in the tool worker, and again
+before it is tokenized) whatever the tool wrote into it: a str of valid UTF-8 (lone surrogates replaced), no control
+characters but newline and tab, at most MAX_OBS_CHARS characters.
 """
 import ast
 import importlib
@@ -32,6 +36,9 @@ import re
 from fractions import Fraction
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+MAX_OBS_CHARS = 1 << 14  # characters of a tool's output kept before tokenizing (then max_obs_tokens applies)
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # control characters, but tab and newline
+_SURROGATE = re.compile("[\ud800-\udfff]")  # a str holds them, UTF-8 (and the tokenizer) does not
 PLAIN_OBS = "\n<tool_response>\n{}\n</tool_response>\n"  # the plain-text observation (no chat template)
 ENVIRONMENTS: dict[str, type] = {}
 
@@ -64,6 +71,16 @@ class Environment:
         raise NotImplementedError
 
 
+def observation_text(text) -> tuple[str, bool]:
+    """The text an environment returned, as the model may read it -> (text, whether it was cut): a str (anything
+    else becomes its type's name), valid UTF-8 (lone surrogates -> U+FFFD), control characters but newline and tab
+    removed, at most MAX_OBS_CHARS characters (the cut is said in the text)."""
+    text = text if isinstance(text, str) else f"<{type(text).__name__}>"
+    cut = len(text) > MAX_OBS_CHARS
+    text = _CONTROL.sub("", _SURROGATE.sub("\ufffd", text[:MAX_OBS_CHARS]))
+    return (text + f"\n[output truncated at {MAX_OBS_CHARS} characters]" if cut else text), cut
+
+
 def parse_call(text: str) -> tuple[str, dict]:
     """The last <tool_call>{"name": str, "arguments": {...}}</tool_call> of a model segment -> (name, arguments)."""
     end = text.rfind(CALL_CLOSE)
@@ -92,17 +109,19 @@ def prepare_tool(env: str, row: dict, segment: str) -> None:
 
 
 def run_tool(env: str, row: dict, segment: str) -> tuple[str, dict]:
-    """In a tool worker: parse the segment's call and run it -> (output text, {"reason": ok | fault})."""
+    """In a tool worker: parse the segment's call and run it -> (observation_text of the output, {"reason": ok |
+    fault})."""
     try:
         name, arguments = parse_call(segment)
         instance = _instances.setdefault(env, ENVIRONMENTS[env]())
         if name not in instance.tools:
             raise ToolFault("unknown_tool", f"unknown tool {name!r} (tools: {', '.join(sorted(instance.tools))})")
-        return str(instance.call(row, name, arguments)), {"reason": "ok"}
+        text, info = str(instance.call(row, name, arguments)), {"reason": "ok"}
     except ToolFault as e:
-        return f"error: {e}", {"reason": e.reason}
+        text, info = f"error: {e}", {"reason": e.reason}
     except Exception as e:  # the tool's own bug or a hostile argument: the model reads it, the run goes on
-        return f"error: {type(e).__name__}: {str(e)[:300]}", {"reason": "tool_error"}
+        text, info = f"error: {type(e).__name__}: {str(e)[:300]}", {"reason": "tool_error"}
+    return observation_text(text)[0], info
 
 
 # ---------------------------------------------------------------------------------------------
@@ -192,9 +211,12 @@ class PythonTool(Environment):
 
 @environment("triton_refine")
 class TritonRefine(Environment):
-    """AutoTriton, multi-turn: the model submits a kernel to `test_kernel`; the answer is the reward's verdict
-    (compile, lint, or correctness on hidden inputs: what failed, never the inputs or expected outputs). The task's
-    reward scores the final answer's kernel as in the single-turn setup."""
+    """AutoTriton, multi-turn: the model submits a kernel to `test_kernel`; the answer is the reward's verdict and
+    what a developer could see without the hidden data: the reason code and the reward's `public` detail (the
+    linter's and the harness's own messages, shapes and dtypes, a candidate's error only from before its inputs
+    existed), never anything the candidate printed or raised while it had the inputs, never the inputs, expected
+    outputs or errors computed from them. The task's reward scores the final answer's kernel as in the single-turn
+    setup."""
     tools = {"test_kernel": "check a Triton kernel: {\"code\": \"<python source with @triton.jit>\"} -> ok or what "
                             "failed (lint, compile, wrong output, crash, timeout)"}
     module = "rewards.triton_kernel"
@@ -207,8 +229,7 @@ class TritonRefine(Environment):
         score, info = triton_reward(f"```python\n{code}\n```", row)
         if score == 1.0:
             return "ok: the kernel passes the linter and matches the reference on every test input"
-        detail = "" if info["reason"] in ("wrong_output", "ok") else str(info.get("detail", ""))[:400]
-        return f"failed: {info['reason']}" + (f": {detail}" if detail else "")
+        return f"failed: {info['reason']}" + (f": {info['public'][:400]}" if info["public"] else "")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -273,14 +294,15 @@ class Observations:
         else:
             self.before, self.after = PLAIN_OBS.split("{}")
 
-    def ids(self, output: str) -> tuple[list[int], bool]:
-        """-> (observation ids, truncated)."""
+    def ids(self, output) -> tuple[list[int], bool]:
+        """observation_text(output) as ids -> (observation ids, truncated)."""
+        output, cut_chars = observation_text(output)
         out = self.tok(output, add_special_tokens=False)["input_ids"]
         cut = len(out) > self.max_tokens
         if cut:
             output = self.tok.decode(out[:self.max_tokens]) + f"\n[output truncated: {len(out) - self.max_tokens} " \
                                                               f"more tokens not shown]"
-        return self.tok(self.before + output + self.after, add_special_tokens=False)["input_ids"], cut
+        return self.tok(self.before + output + self.after, add_special_tokens=False)["input_ids"], cut or cut_chars
 
 
 class Episodes:

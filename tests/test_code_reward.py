@@ -177,6 +177,55 @@ def test_assert_cheats_score_zero(code, tests, reason):
     assert running_sandboxes(wait_s=10) == []
 
 
+# ---- issue 36: a test's free names that are standard-library modules are the tester's own, never the candidate's.
+# Each candidate defines the module the test uses without importing it (MBPP style) and scored 1.0 before.
+OWN_MATH = """class math:
+    @staticmethod
+    def isclose(*args, **kwargs):
+        return True
+def circle_area(r):
+    return 0"""
+OWN_RE = """class re:
+    @staticmethod
+    def fullmatch(pattern, text):
+        return True
+def phone(digits):
+    return ''"""
+OWN_ITERTOOLS = """class itertools:
+    @staticmethod
+    def combinations(xs, k):
+        return []
+def pairs(xs):
+    return []"""
+OWN_COLLECTIONS = """class collections:
+    @staticmethod
+    def Counter(xs):
+        return 1
+def letters(text):
+    return 'zzz'"""
+STDLIB_TESTS = {
+    "math": ["assert math.isclose(circle_area(2), 12.566, rel_tol=1e-3)"],
+    "re": ["assert re.fullmatch(r'\\d{3}-\\d{4}', phone('5551234'))"],
+    "itertools": ["assert sorted(pairs([1, 2, 3])) == sorted(itertools.combinations([1, 2, 3], 2))"],
+    "collections": ["assert collections.Counter(letters('abca')) == collections.Counter('abca')"],
+}
+HONEST_STDLIB = {
+    "math": "import math\ndef circle_area(r):\n    return math.pi * r * r",
+    "re": "def phone(digits):\n    return digits[:3] + '-' + digits[3:]",
+    "itertools": "def pairs(xs):\n    return [(a, b) for i, a in enumerate(xs) for b in xs[i + 1:]]",
+    "collections": "def letters(text):\n    return list(text)",
+}
+
+
+@pytest.mark.parametrize("module, code", [("math", OWN_MATH), ("re", OWN_RE), ("itertools", OWN_ITERTOOLS),
+                                          ("collections", OWN_COLLECTIONS)], ids=lambda x: x[:12])
+def test_tests_resolve_standard_modules_themselves(module, code):
+    score, info = code_reward(fenced(code), STDLIB_TESTS[module])
+    assert (score, info["per_test"]) == (0.0, ["wrong_answer"]), info
+    score, info = code_reward(fenced(HONEST_STDLIB[module]), STDLIB_TESTS[module])
+    assert (score, info["reason"]) == (1.0, "ok"), info
+
+
 def test_no_isolation_fails_closed(monkeypatch):
     monkeypatch.setattr(sandbox, "bwrap_problem", lambda: "bwrap not installed (apt-get install bubblewrap)")
     monkeypatch.delenv(OPT_OUT_ENV, raising=False)

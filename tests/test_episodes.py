@@ -114,9 +114,14 @@ def test_a_tokenizer_without_a_single_call_end_token_is_refused(tiny):
 
 @E.environment("faulty")
 class Faulty(E.Environment):
-    tools = {"boom": "raises", "sleep": "hangs", "die": "kills its worker", "flood": "prints a lot", "echo": "ok"}
+    tools = {"boom": "raises", "sleep": "hangs", "die": "kills its worker", "flood": "prints a lot", "echo": "ok",
+             "surrogates": "lone surrogates and control characters", "megabytes": "10 MB", "bytes": "not text"}
+    RAW = {"surrogates": "half \ud800 of a pair\udfff, a NUL \x00, an escape \x1b[2J, a DEL \x7f",
+           "megabytes": "y" * (10 << 20), "bytes": b"\xff\xfe not a str"}
 
     def call(self, row, name, arguments):
+        if name in self.RAW:
+            return self.RAW[name]
         if name == "boom":
             raise KeyError("no such thing")
         if name == "sleep":
@@ -151,6 +156,35 @@ def test_tool_faults_become_observations_and_reasons(tool_tok):
         assert len(got["flood"][0]) < 64 + 80 and "[output truncated:" in text["flood"]
         assert "pong" in text["echo"]
         assert ep.result(call("echo"))[1] == "ok", "workers replaced after a timeout and a crash keep serving"
+    finally:
+        ep.close()
+
+
+def test_observations_are_data_whatever_the_tool_returns(tool_tok):
+    """Issue 36: every text an environment returns passes observation_text: valid UTF-8 (a lone surrogate made
+    the tokenizer raise in Episodes.result and stopped the rollout loop), no control characters but newline and
+    tab, at most MAX_OBS_CHARS characters before tokenizing (10 MB were tokenized whole), a str whatever the tool
+    returned; through the tool workers, and the run goes on."""
+    text, cut = E.observation_text(Faulty.RAW["surrogates"])
+    assert (text, cut) == ("half \ufffd of a pair\ufffd, a NUL , an escape [2J, a DEL ", False)
+    text, cut = E.observation_text(Faulty.RAW["megabytes"])
+    assert cut and len(text) < E.MAX_OBS_CHARS + 60
+    assert text.endswith(f"[output truncated at {E.MAX_OBS_CHARS} characters]")
+    assert E.observation_text(Faulty.RAW["bytes"]) == ("<bytes>", False)
+    ep = E.Episodes(tool_tok, False, lambda row: "faulty", max_turns=4, max_obs_tokens=64, tool_steps=1,
+                    timeout_s=20.0, workers=1, tool_fn=run_faulty)
+    try:
+        def call(name):
+            text = E.CALL_OPEN + json.dumps({"name": name, "arguments": {}}) + E.CALL_CLOSE
+            return ep.submit("faulty", {}, tool_tok(text, add_special_tokens=False)["input_ids"])
+        t0 = time.monotonic()
+        got = {name: ep.result(call(name)) for name in ("surrogates", "megabytes", "bytes", "echo")}
+        assert time.monotonic() - t0 < 20
+        assert {k: r for k, (_, r) in got.items()} == {"surrogates": "ok", "megabytes": "truncated", "bytes": "ok",
+                                                       "echo": "ok"}, got
+        assert all(len(ids) < 64 + 80 for ids, _ in got.values())
+        for name, (ids, _) in got.items():
+            assert "\ud800" not in tool_tok.decode(ids) and "\x00" not in tool_tok.decode(ids), name
     finally:
         ep.close()
 

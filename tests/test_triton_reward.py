@@ -298,7 +298,7 @@ ADVERSARIAL = [
     ("import_time_error", "relu", relu_candidate(LAUNCH, "BLOCK = 1 // 0"), "compile_error"),
     ("bad_kernel", "relu",
      relu_candidate(LAUNCH, kernel=RELU_KERNEL.replace("tl.maximum(x, 0.0)", "tl.maximum(x, tl.arange(0, 100))")),
-     "compile_error"),
+     "gpu_compile"),
     ("unknown_triton_language_name", "relu",
      relu_candidate(LAUNCH, kernel=RELU_KERNEL.replace("tl.maximum(x, 0.0)", "tl.no_such_op(x)")), "lint_import"),
     ("no_triton_at_all", "relu", "import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n"
@@ -374,7 +374,8 @@ FORGE = """
 import json, os
 from safetensors.torch import save
 SEEN = []
-META = {"error": "runtime_error", "detail": "", "n_out": [], "launches": [], "violations": [], "ms": None}
+META = {"error": "runtime_error", "detail": "", "phase": None, "n_out": [], "launches": [], "violations": [],
+        "ms": None}
 
 
 def forge(meta, tensors={}):
@@ -391,7 +392,7 @@ EXEC_ONLY = [
 if len(SEEN) == 3:
     t = {f"out.{k}.0": torch.zeros_like(a) for k, a in enumerate(SEEN)}
     t.update({f"after.{k}.0": a for k, a in enumerate(SEEN)})
-    forge({"error": None, "detail": "", "n_out": [1, 1, 1], "launches": [1, 1, 1], "violations": [], "ms": None}, t)
+    forge(dict(META, error=None, n_out=[1, 1, 1], launches=[1, 1, 1]), t)
 return x""", FORGE), {"wrong_output"}),
     # ---- issue 16: forged verdicts, and result files that broke the reward ----
     ("old_result_error_ok_then_system_exit", relu_candidate(
@@ -452,7 +453,7 @@ except OSError:
 """
     cases = EXEC_ONLY + [("writes_and_network_contained", relu_candidate(LAUNCH, writes), {"ok"})]
     timeouts = {"fork_bomb": 15}      # it keeps forking at the process limit until the wall timeout
-    cases.append(("kernel_body_torch_via_global_runtime", STASH_CANDIDATE, {"lint_torch_op"}))
+    cases.append(("kernel_body_torch_via_global_runtime", STASH_CANDIDATE, {"gpu_compile"}))
     def timed(case):
         t0 = time.monotonic()
         return execute(case[1], TASKS["relu"], timeout_s=timeouts.get(case[0], TIMEOUT_S)), time.monotonic() - t0
@@ -473,7 +474,7 @@ def test_execution_alone_contains_hostile_code(exec_only_results, cid):
     assert type(info["reason"]) is str and info["reason"] in expected, info
     assert score == (1.0 if expected == {"ok"} else 0.0)
     assert wall < 30, wall          # a result file that is expensive to read costs nothing here
-    detail = {"numpy_does_the_work": "Tensor.numpy", "kernel_body_torch_via_global_runtime": "kernel body: aten.clamp",
+    detail = {"numpy_does_the_work": "Tensor.numpy", "kernel_body_torch_via_global_runtime": "global variables",
               "forged_error_ok": "error is not one of", "forged_timing": "ms"}.get(cid)
     if detail:
         assert detail in info["detail"], info

@@ -1,0 +1,119 @@
+"""What issue 36's checks cost per Triton candidate: the sm_90 compile of every launch and the race check between
+programs, on the shipped solutions (CPU, the interpreter). A table, then one JSON line last.
+
+    python benchmarks/bench_triton_checks.py                  # all 48 tasks, one run of each variant
+    python benchmarks/bench_triton_checks.py --reps 3 matmul relu
+
+Each solution runs through the candidate sandbox (rewards/triton_kernel.py's _sandbox, the task's cached reference
+stdin) with four copies of rewards/triton_harness.py: as shipped, without the compile, without the race check,
+without both (the harness itself has no switch: the copies replace _GpuCompiler / _hook_programs). Every copy also
+times, inside the sandbox, the candidate's run (_Candidate.run), the calls of _GpuCompiler.problem (the process
+waiting on the compiling process) and of _Programs.record / finish, and writes them to stderr. Per task: the median
+sandbox wall and candidate-run time of each variant over --reps, and the shipped copy's compile and race-check
+seconds. Every run must score ok.
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import triton  # noqa: E402
+
+from data.triton_tasks import load_tasks  # noqa: E402
+from rewards import triton_kernel  # noqa: E402
+
+TIMED = '''
+import time as _time
+_SPENT = {"compile": 0.0, "race": 0.0}
+
+
+def _timed(cls, name, key):
+    original = getattr(cls, name)
+
+    def run(self, *args):
+        t0 = _time.perf_counter()
+        try:
+            return original(self, *args)
+        finally:
+            _SPENT[key] += _time.perf_counter() - t0
+    setattr(cls, name, run)
+
+
+_timed(_GpuCompiler, "problem", "compile")
+_timed(_Programs, "record", "race")
+_timed(_Programs, "finish", "race")
+_timed(_Candidate, "run", "run")
+_run = _Candidate.run
+
+
+def _report(self):
+    _SPENT["run"] = 0.0
+    _run(self)
+    sys.stderr.write("SPENT " + json.dumps(_SPENT) + "\\n")
+
+
+_Candidate.run = _report
+'''
+NO_COMPILE = "\n_GpuCompiler.__init__ = lambda self, text: None\n_GpuCompiler.problem = lambda self, *args: None\n"
+NO_RACE = "\n_hook_programs = lambda programs: None\n"
+VARIANTS = {"shipped": "", "no_compile": NO_COMPILE, "no_race": NO_RACE, "neither": NO_COMPILE + NO_RACE}
+
+
+def run_once(path: str, task: dict, ref: dict) -> tuple:
+    """(sandbox wall s, {run, compile, race} s) of one candidate run with the harness at path."""
+    triton_kernel._HARNESS_PATH = path
+    t0 = time.perf_counter()
+    res, blob = triton_kernel._sandbox({"candidate.py": task["solution"]}, {"role": "candidate", "device": "cpu",
+                                       "time": False}, 120, "result.bin", stdin=ref["stdin"],
+                                       fsize_mb=triton_kernel._result_mb(ref["cases"]))
+    wall = time.perf_counter() - t0
+    reason = triton_kernel._compare(ref["cases"], triton_kernel._parse_result(blob, ref["cases"]))[0]
+    assert reason == "ok", (task["name"], path, reason, res.stderr[-500:])
+    spent = json.loads(next(line for line in reversed(res.stderr.splitlines()) if line.startswith("SPENT "))[6:])
+    return wall, spent
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("tasks", nargs="*", help="task names (default: all)")
+    ap.add_argument("--reps", type=int, default=1)
+    args = ap.parse_args()
+    shipped = triton_kernel._HARNESS_PATH
+    source = open(shipped).read()
+    tasks = {t["name"]: t for t in load_tasks()}
+    names = args.tasks or list(tasks)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = {}
+        for variant, change in VARIANTS.items():
+            paths[variant] = os.path.join(tmp, f"harness_{variant}.py")
+            with open(paths[variant], "w") as f:
+                f.write(source + change + TIMED)
+        print(f"{'task':22s} " + " ".join(f"{v + ' wall/run':>20s}" for v in VARIANTS) +
+              f" {'compile':>8s} {'race':>8s}")
+        for name in names:
+            ref, problem = triton_kernel._reference(tasks[name]["reference_code"], "cpu")
+            assert problem is None, problem
+            runs = {v: [run_once(paths[v], tasks[name], ref) for _ in range(args.reps)] for v in VARIANTS}
+            row = {"task": name, **{f"{v}_wall_s": statistics.median(w for w, _ in r) for v, r in runs.items()},
+                   **{f"{v}_run_s": statistics.median(s["run"] for _, s in r) for v, r in runs.items()},
+                   "compile_s": statistics.median(s["compile"] for _, s in runs["shipped"]),
+                   "race_s": statistics.median(s["race"] for _, s in runs["shipped"])}
+            rows.append(row)
+            print(f"{name:22s} " + " ".join(f"{row[v + '_wall_s']:9.2f}/{row[v + '_run_s']:<10.2f}" for v in VARIANTS) +
+                  f" {row['compile_s']:8.2f} {row['race_s']:8.3f}", flush=True)
+    triton_kernel._HARNESS_PATH = shipped
+    figures = {k: {"median": statistics.median(r[k] for r in rows), "max": max(r[k] for r in rows)}
+               for k in ("compile_s", "race_s", "shipped_wall_s", "neither_wall_s")}
+    print(json.dumps({"device": "cpu", "python": platform.python_version(), "triton": triton.__version__,
+                      "load_avg": os.getloadavg()[0], "tasks": len(rows), "reps": args.reps, **figures}))
+
+
+if __name__ == "__main__":
+    main()
