@@ -18,19 +18,19 @@ BUILD = r'''
 import json, sys, torch
 import launch, model
 from transformers import PreTrainedModel
-model_dir, untie = sys.argv[1], sys.argv[2]
+model_dir, untie, out_dir = sys.argv[1], sys.argv[2], sys.argv[3]
 rank, world, device = model.init_distributed()
 if untie == str(rank):  # today's bug, planted: this rank's skeleton is not tied again
     PreTrainedModel.tie_weights = lambda self, *a, **k: None
 try:
     policy = model.build_model(model_dir, device, trainable=True)
 except model.ConfigError as e:
-    print(f"ERROR {e}", flush=True)
+    open(f"{out_dir}/rank{rank}.error", "w").write(str(e))  # one file per rank: stdout lines interleave
     launch.exit_process(2)
 with torch.no_grad():
     (logp,) = model.response_logprobs(policy, [model.Row([5, 17, 33, 2], [40, 41, 42, 43, 44])], device, 1.0)
 tied = {n: t for n, _, t in model.parameter_layout(policy)}.get("lm_head.weight")
-print("RESULT " + json.dumps({"rank": rank, "logp": logp.tolist(), "tied_to": tied}), flush=True)
+open(f"{out_dir}/rank{rank}.json", "w").write(json.dumps({"rank": rank, "logp": logp.tolist(), "tied_to": tied}))
 launch.exit_process(0)
 '''
 
@@ -39,14 +39,14 @@ def build_on_two_ranks(model_dir, tmp_path, untie: int = -1) -> subprocess.Compl
     script = tmp_path / "build.py"
     script.write_text(BUILD)
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           str(script), str(model_dir), str(untie)], cwd=ROOT, env=ENV, capture_output=True,
-                          text=True, timeout=600)
+                           str(script), str(model_dir), str(untie), str(tmp_path)], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=600)
 
 
 def test_two_ranks_build_the_same_tied_model(tiny_tied, tmp_path):
     """Both ranks hold lm_head tied to the embedding, and their log-probs equal a plain HF forward's."""
     p = build_on_two_ranks(tiny_tied / "model", tmp_path)
-    results = [json.loads(x[7:]) for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+    results = [json.loads(f.read_text()) for f in sorted(tmp_path.glob("rank*.json"))]
     assert p.returncode == 0 and len(results) == 2, p.stdout[-2000:] + p.stderr[-3000:]
     hf = AutoModelForCausalLM.from_pretrained(tiny_tied / "model", dtype=torch.float32, attn_implementation="eager")
     with torch.no_grad():
@@ -61,7 +61,7 @@ def test_ranks_with_different_parameters_stop_naming_the_difference(tiny_tied, t
     """Rank 1 builds an untied skeleton (the bug this fixes): the run stops on every rank with a message that names
     lm_head.weight and its tie, instead of a gloo size error, an NCCL hang or corrupted weights."""
     p = build_on_two_ranks(tiny_tied / "model", tmp_path, untie=1)
-    errors = [x for x in p.stdout.splitlines() if x.startswith("ERROR ")]
+    errors = [f.read_text() for f in sorted(tmp_path.glob("rank*.error"))]
     assert p.returncode != 0 and len(errors) == 2, p.stdout[-2000:] + p.stderr[-3000:]
     assert "rank 1 built other parameters than rank 0" in errors[0] and "lm_head.weight" in errors[0], errors
 
