@@ -1,6 +1,6 @@
 """Memory while building and exporting (tests/build_worker.py, 2 ranks): a rank other than 0 never holds the whole
-model (it gets only its shards: on CUDA, no rank ever has the unsharded model on its GPU) and the export gathers to
-rank 0 alone; the shards hold exactly the checkpoint's weights; the export is written in the dtype asked for, as HF
+model (it gets only its shards: on CUDA, no rank ever has the unsharded model on its GPU) and, exporting, holds one
+gathered tensor at a time (every rank takes part in each all-gather; rank 0 writes); the shards hold exactly the checkpoint's weights; the export is written in the dtype asked for, as HF
 shards that transformers loads."""
 import shutil
 import subprocess
