@@ -9,18 +9,31 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def tiny_model(out: Path, **options) -> Path:
+    """out/model: a BPE tokenizer trained on out/data/sft.jsonl and a random Qwen2 (head_dim 64) of the tests' size,
+    with data/tiny_model.py's options (tools=True: tool-call tokens; tied=True: lm_head tied to the embedding)."""
+    from data.tiny_model import build_model_folder
+    import json
+    rows = [json.loads(line) for line in open(out / "data" / "sft.jsonl")]
+    build_model_folder(out / "model", [r["prompt"] + r["completion"] for r in rows], vocab_size=400,
+                       hidden=128, layers=2, heads=2, max_len=512, **options)
+    return out
+
+
+def tiny_variant(tiny: Path, out: Path, **options) -> Path:
+    """The tiny model's data in out/data with a model built with tiny_model's options."""
+    import shutil
+    shutil.copytree(tiny / "data", out / "data")
+    return tiny_model(out, **options)
+
+
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory) -> Path:
     """A folder with data/{rl_train,sft,eval}.jsonl and model/ (BPE tokenizer + random Qwen2, head_dim 64)."""
     from data.arithmetic import write_demo_data
-    from data.tiny_model import build_model_folder
-    import json
     out = tmp_path_factory.mktemp("tiny")
     write_demo_data(out / "data", n_train=400, n_sft=400, n_eval=16, seed=0)
-    rows = [json.loads(line) for line in open(out / "data" / "sft.jsonl")]
-    build_model_folder(out / "model", [r["prompt"] + r["completion"] for r in rows], vocab_size=400,
-                       hidden=128, layers=2, heads=2, max_len=512)
-    return out
+    return tiny_model(out)
 
 
 @pytest.fixture(scope="session")
@@ -61,15 +74,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def tiny_tools(tiny, tmp_path_factory) -> Path:
     """The tiny model's data with a model whose tokenizer has the tool-call tokens (data/tiny_model.py --tools)."""
-    from data.tiny_model import build_model_folder
-    import json
-    import shutil
-    out = tmp_path_factory.mktemp("tiny_tools")
-    shutil.copytree(tiny / "data", out / "data")
-    rows = [json.loads(line) for line in open(tiny / "data" / "sft.jsonl")]
-    build_model_folder(out / "model", [r["prompt"] + r["completion"] for r in rows], vocab_size=400,
-                       hidden=128, layers=2, heads=2, max_len=512, tools=True)
-    return out
+    return tiny_variant(tiny, tmp_path_factory.mktemp("tiny_tools"), tools=True)
 
 
 @pytest.fixture(scope="session")
@@ -86,12 +91,4 @@ def tool_tok(tmp_path_factory):
 def tiny_tied(tiny, tmp_path_factory) -> Path:
     """The tiny model's data with a model whose lm_head is tied to its embedding (tie_word_embeddings), as the
     small Qwen2.5 and Llama-3.2 models are."""
-    from data.tiny_model import build_model_folder
-    import json
-    import shutil
-    out = tmp_path_factory.mktemp("tiny_tied")
-    shutil.copytree(tiny / "data", out / "data")
-    rows = [json.loads(line) for line in open(tiny / "data" / "sft.jsonl")]
-    build_model_folder(out / "model", [r["prompt"] + r["completion"] for r in rows], vocab_size=400,
-                       hidden=128, layers=2, heads=2, max_len=512, tied=True)
-    return out
+    return tiny_variant(tiny, tmp_path_factory.mktemp("tiny_tied"), tied=True)
