@@ -33,9 +33,8 @@ def grpo_advantages(rewards: torch.Tensor, group_size: int, scale_std: str = "gr
         std = r.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(r[:, :1])
         a = a / (std + eps)
     elif scale_std == "batch":
-        stats = torch.stack([r.new_tensor(r.numel()), r.sum(), (r * r).sum()]).double()  # (3,) count, sum, squares
-        n, s1, s2 = (stats if reduce is None else reduce(stats)).tolist()
-        a = a / ((max(s2 - s1 * s1 / n, 0.0) / max(n - 1, 1.0)) ** 0.5 + eps)
+        _, _, var = _moments(r.new_tensor(r.numel()), r.sum(), (r * r).sum(), reduce)
+        a = a / (var ** 0.5 + eps)
     return a.reshape(-1)
 
 
@@ -64,12 +63,18 @@ def prime_advantages(outcome: torch.Tensor, token_rewards: torch.Tensor, mask: t
     out = outcome.float() - _others_mean(outcome.float(), group_size)  # (B,)
     adv = (process_coef * process + outcome_coef * out[:, None]) * m  # (B, T)
     if whiten:
-        stats = torch.stack([m.sum(), adv.sum(), (adv * adv).sum()]).double()  # (3,) count, sum, sum of squares
-        n, s1, s2 = (stats if reduce is None else reduce(stats)).tolist()
-        mean = s1 / max(n, 1.0)
-        var = max(s2 - n * mean * mean, 0.0) / max(n - 1, 1.0)
+        _, mean, var = _moments(m.sum(), adv.sum(), (adv * adv).sum(), reduce)
         adv = (adv - mean) * (var + 1e-8) ** -0.5 * m
     return adv
+
+
+def _moments(count: torch.Tensor, total: torch.Tensor, squares: torch.Tensor, reduce) -> tuple[float, float, float]:
+    """(n, mean, unbiased variance) from this rank's count, sum and sum of squares (0-d tensors), summed over ranks
+    by reduce(t) (a (3,) tensor; None: this rank's only), in float64."""
+    stats = torch.stack([count, total, squares]).double()  # (3,)
+    n, s1, s2 = (stats if reduce is None else reduce(stats)).tolist()
+    mean = s1 / max(n, 1.0)
+    return n, mean, max(s2 - n * mean * mean, 0.0) / max(n - 1, 1.0)
 
 
 def _others_mean(x: torch.Tensor, group_size: int) -> torch.Tensor:

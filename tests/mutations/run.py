@@ -90,8 +90,8 @@ MUTANTS = [
     ("PRIME's rewards at temperature 1 whatever the sampling temperature", "rewards/prime.py",
      "response_logprobs(self.model, batch, self.device, self.cfg.temperature)",
      "response_logprobs(self.model, batch, self.device, 1.0)", ["tests/test_wiring.py", "-k", "prime_keys"]),
-    ("PRIME whitening over this rank only", "rewards/advantages.py", "(stats if reduce is None else reduce(stats))",
-     "stats", ["tests/test_trainer_phases.py", "-k", "whitening"]),
+    ("PRIME whitening over this rank only", "rewards/advantages.py", "_moments(m.sum(), adv.sum(), (adv * adv).sum(), reduce)",
+     "_moments(m.sum(), adv.sum(), (adv * adv).sum(), None)", ["tests/test_trainer_phases.py", "-k", "whitening"]),
     # advantages
     ("GRPO std biased", "rewards/advantages.py", "std = r.std(dim=1, keepdim=True)",
      "std = r.std(dim=1, keepdim=True, unbiased=False)", ["tests/test_advantages_loss.py"]),
