@@ -58,7 +58,7 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 600) -> None:
     while not path.exists():
         assert proc.poll() is None, f"run ended (rc {proc.returncode}) before {path}: {proc.stderr.read()[-3000:]}"
         assert time.time() < deadline, f"no {path} after {timeout} s"
-        time.sleep(0.2)
+        time.sleep(0.05)
 
 
 def descendants(pid: int) -> list[int]:

@@ -4,6 +4,7 @@ PRM optimizer are part of the checkpoint), LoRA, a tensor-parallel engine, and S
 ignored."""
 import json
 import shutil
+import signal
 
 import pytest
 import torch
@@ -16,14 +17,17 @@ KILL_AT = 2  # a checkpoint every step; newer ones are deleted after the kill, s
 
 def kill_and_resume(cmd_for, run_dir, steps_key="step"):
     """Start cmd_for(run_dir), SIGKILL its whole tree once checkpoint KILL_AT is complete, drop newer checkpoints,
-    resume; -> the resumed run's stdout."""
-    proc = start(cmd_for([]))
+    resume; -> the resumed run's stdout. Every checkpoint is kept (keep_checkpoints), so a run that outpaces the
+    polling cannot delete the one waited for; the kill must land before the run ends."""
+    keep = ["--keep_checkpoints=100"]
+    proc = start(cmd_for(keep))
     wait_for(run_dir / "checkpoints" / f"step_{KILL_AT:06d}" / "manifest.json", proc)
     kill_tree(proc)
+    assert proc.returncode == -signal.SIGKILL, f"the run ended (rc {proc.returncode}) before the kill: nothing tested"
     for ckpt in complete_checkpoints(run_dir / "checkpoints"):
         if int(ckpt.name[5:]) > KILL_AT:
             shutil.rmtree(ckpt)
-    p = run(cmd_for(["--resume=auto"]))
+    p = run(cmd_for([*keep, "--resume=auto"]))
     assert p.returncode == 0, p.stderr[-3000:]
     assert f"(step {KILL_AT})" in p.stdout, p.stdout[-2000:]
     return p.stdout
@@ -74,14 +78,14 @@ def test_sft_resume_matches_uninterrupted_run(tiny, tmp_path):
     def cmd(run_dir):
         return lambda more: trainer_cmd(None, "--mode=sft", f"--model_path={tiny / 'model'}",
                                         f"--train_data={tiny / 'data' / 'sft.jsonl'}", f"--run_dir={run_dir}",
-                                        "--sft_epochs=0", "--steps=4", "--save_every=1", "--sft_batch_rows=16",
+                                        "--sft_epochs=0", "--steps=12", "--save_every=1", "--sft_batch_rows=16",
                                         "--lr=1e-3", "--max_prompt_len=64", "--max_response_len=96",
                                         "--token_budget=2048", *more)
     p = run(cmd(tmp_path / "ref")([]))
     assert p.returncode == 0, p.stderr[-3000:]
     kill_and_resume(cmd(tmp_path / "killed"), tmp_path / "killed")
     want, got = metrics(tmp_path / "ref"), metrics(tmp_path / "killed")
-    assert [r["step"] for r in want] == [0, 1, 2, 3, 4] and got == want
+    assert [r["step"] for r in want] == list(range(13)) and got == want
 
 
 def test_half_written_checkpoints_are_ignored(tmp_path):
