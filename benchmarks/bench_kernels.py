@@ -46,6 +46,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernels import fused_linear_ppo_loss, fused_logits_ppo_loss, ppo_loss, token_logprobs  # noqa: E402
 from kernels.fused_linear import default_chunk  # noqa: E402
+from host_memory import status_bytes as rss_bytes  # noqa: E402  (CPU mode only: Linux's /proc, not gVisor's)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 CPU_CASES = {  # name: (backward, with_entropy)
@@ -87,12 +88,6 @@ def step_fn(fn, x, tgt, backward, with_entropy):
 
 
 # ---------------------------------------------------------------- CPU
-def rss_bytes(field: str) -> int:
-    """VmRSS (now) or VmHWM (peak since the last reset) of this process, in bytes."""
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
-
-
 def cpu_memory_worker(args) -> None:
     """Subprocess: peak RSS growth of one call (first call, inputs already allocated); prints bytes."""
     backward, with_entropy = CPU_CASES[args.case]

@@ -52,8 +52,9 @@ what the model computes on, DUMMY rows and any padding included. padding_frac = 
 shared_prompt_frac = 1 - laid out / real (the row tokens a shared prompt saves). All summed over ranks.
 MFU (CUDA): N = parameters doing matmuls (embedding excluded unless tied to the lm_head); 6N FLOPs per trained laid-out
 token + 2N per forward-only one, attention's quadratic term not counted, over step_s x ranks x --peak_tflops.
-Memory: CPU peak RSS (VmHWM) per rank, the largest; CUDA torch.cuda.max_memory_allocated and max_memory_reserved,
-and the device's used memory after the steps (torch.cuda.mem_get_info: total - free).
+Memory: CPU peak RSS per rank, the largest (VmHWM; getrusage, or "not measured", where /proc lacks it, as on gVisor:
+benchmarks/host_memory.py); CUDA torch.cuda.max_memory_allocated and max_memory_reserved, and the device's used
+memory after the steps (torch.cuda.mem_get_info: total - free).
 Every figure is the median over the timed steps of its per-step value (sums such as step_s and plain_step_s are
 formed per step first); the ratios are of those medians. Timings on a shared machine are noise: use a quiet one.
 """
@@ -80,7 +81,8 @@ sys.path.insert(0, str(ROOT))
 import launch  # noqa: E402
 import model as M  # noqa: E402
 import trainer  # noqa: E402
-from bench_kernels import print_table, rss_bytes  # noqa: E402
+from bench_kernels import print_table  # noqa: E402
+from host_memory import PeakRSS  # noqa: E402
 from model import DUMMY, Row, all_gather_list, all_max, all_sum, init_distributed  # noqa: E402
 from rewards.advantages import grpo_advantages  # noqa: E402
 from rollout.copris import Trajectory  # noqa: E402
@@ -121,11 +123,16 @@ def timed(out: dict, key: str, device):
 
 
 def peak_memory(device) -> dict:
-    """Since the last reset_peak_memory: this process's peak RSS, and on CUDA torch's peak allocated and reserved
-    and the device's used memory now (total - free: torch's cached blocks, the CUDA context, NCCL's buffers); max
-    over ranks."""
+    """Since the last reset_peak_memory: this process's peak RSS (host_memory.PeakRSS: None, "not measured", where
+    the runtime cannot tell it; peak_rss_source says how it was read), and on CUDA torch's peak allocated and
+    reserved and the device's used memory now (total - free: torch's cached blocks, the CUDA context, NCCL's
+    buffers); max over ranks."""
     gpu_keys = ("gpu_mem_peak_mib", "gpu_mem_reserved_peak_mib", "gpu_device_used_mib")
-    out = {"peak_rss_mib": all_max(rss_bytes("VmHWM") / 2**20, device), **dict.fromkeys(gpu_keys)}
+    rss = _host_peak.bytes()
+    rss_mib = all_max(-1.0 if rss is None else rss / 2**20, device)  # -1: a rank that could not tell
+    out = {"peak_rss_mib": None if rss_mib < 0 else rss_mib,
+           "peak_rss_source": _host_peak.source if rss_mib >= 0 else "not measured: " + _host_peak.source,
+           **dict.fromkeys(gpu_keys)}
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         for key, b in zip(gpu_keys, (torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved(),
@@ -134,12 +141,15 @@ def peak_memory(device) -> dict:
     return out
 
 
+_host_peak = PeakRSS(window=False)  # CUDA: the host peak since the process started; CPU: reset per measurement
+
+
 def reset_peak_memory(device) -> None:
+    global _host_peak
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     else:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # VmHWM := current RSS
+        _host_peak = PeakRSS()
 
 
 # ---------------------------------------------------------------- token counting

@@ -103,12 +103,11 @@ def preflight(args) -> int:
 # ---------------------------------------------------------------- probes
 @contextlib.contextmanager
 def phase(name: str, out: dict, device):
-    """out[name] = seconds, host peak RSS growth (VmHWM reset at the start) and, on CUDA, torch's peak allocated and
-    reserved growth and the device's used memory (total - free) at the end; GB."""
-    from bench_kernels import rss_bytes
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # VmHWM := current RSS
-    rss0, cuda = rss_bytes("VmRSS"), device.type == "cuda"
+    """out[name] = seconds, host peak RSS growth (host_memory.PeakRSS over the phase: None, "not measured", where the
+    runtime cannot tell it, with host_peak_source saying how) and, on CUDA, torch's peak allocated and reserved growth
+    and the device's used memory (total - free) at the end; GB."""
+    from host_memory import STATUS, PeakRSS, status_bytes
+    peak, rss0, cuda = PeakRSS(), status_bytes("VmRSS"), device.type == "cuda"
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -117,13 +116,16 @@ def phase(name: str, out: dict, device):
     yield
     if cuda:
         torch.cuda.synchronize()
-    fig = dict(s=time.perf_counter() - t0, host_peak_gb=(rss_bytes("VmHWM") - rss0) / 1e9)
+    top = peak.bytes()
+    fig = dict(s=time.perf_counter() - t0, host_peak_gb=None if top is None or rss0 is None else (top - rss0) / 1e9)
     if cuda:
         free, total = torch.cuda.mem_get_info()
         fig.update(torch_peak_gb=(torch.cuda.max_memory_allocated() - alloc0) / 1e9,
                    torch_reserved_peak_gb=(torch.cuda.max_memory_reserved() - reserved0) / 1e9,
                    device_used_gb=(total - free) / 1e9)
-    out[name] = {k: round(v, 3) for k, v in fig.items()}
+    out[name] = {k: None if v is None else round(v, 3) for k, v in fig.items()}
+    out[name]["host_peak_source"] = peak.source if fig["host_peak_gb"] is not None else \
+        "not measured: " + (peak.source if rss0 is not None else f"no VmRSS in {STATUS}")
     print(f"{name}: {out[name]}", flush=True)
 
 
@@ -237,6 +239,10 @@ def build_export_probe(device, size: str, tmp: Path) -> dict:
     return out
 
 
+def host_gb(x) -> str:
+    return "not measured" if x is None else f"{x} GB"
+
+
 def probes(args) -> int:
     import model as M
     _, _, device = M.init_distributed()
@@ -253,7 +259,7 @@ def probes(args) -> int:
              f"generation config {'carried' if built['generation_config_carried'] else 'MISSING'}, log-prob diff "
              f"{built['logp_max_abs_diff_policy_vs_fp32']:.3f} (transformers bf16 "
              f"{built['logp_max_abs_diff_hf_bf16_vs_fp32']:.3f}){'' if built['ok'] else ' FAILED'}; build peak "
-             f"host {mem['build']['host_peak_gb']} GB, gpu {mem['build'].get('torch_peak_gb')} GB")
+             f"host {host_gb(mem['build']['host_peak_gb'])}, gpu {mem['build'].get('torch_peak_gb')} GB")
     print(json.dumps(dict(bench="probes", device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                           weight_gradient=grad, build_export=built, found=found)))
     return 0 if grad["ok"] and built["ok"] else 1

@@ -175,6 +175,19 @@ def _bwrap_argv(host_dir: str, names_ro: tuple, names_rw: tuple, gpu: bool, tmp_
     return argv
 
 
+def rank_gpu_env(env=os.environ) -> dict:
+    """The environment that shows a GPU sandbox exactly this rank's device, as the CUDA runtime numbers it here:
+    rank LOCAL_RANK runs on cuda:LOCAL_RANK (model.init_distributed; torchrun sets LOCAL_RANK, not
+    CUDA_VISIBLE_DEVICES), which is entry LOCAL_RANK of a CUDA_VISIBLE_DEVICES the user set (an index or a UUID) and
+    index LOCAL_RANK without one; CUDA_DEVICE_ORDER, which decides that numbering, goes along when set."""
+    local = int(env.get("LOCAL_RANK", "0"))
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    out = {"CUDA_VISIBLE_DEVICES": str(local) if visible is None else visible.split(",")[local].strip()}
+    if "CUDA_DEVICE_ORDER" in env:
+        out["CUDA_DEVICE_ORDER"] = env["CUDA_DEVICE_ORDER"]
+    return out
+
+
 def inner_limit(timeout_s: float) -> float:
     """The wall limit a sandbox may take: timeout_s, cut to the time the pool job running this call has left minus
     CLEANUP_S (rewards/pool.py's time_left; none outside a pool job), never below 0. Each limit below the pool's
@@ -460,7 +473,8 @@ def run_python(script: str, files: dict | None = None, *, timeout_s: float = 60.
     read_back: names the script may write in its cwd, returned in .files unless left empty; env: extra
         environment variables; stdin: its input; pass_fds: open fds it inherits (pipes to a peer), closed
         here once it has them, so the peer sees EOF when the script ends;
-    gpu: expose /dev/nvidia* and /sys, limit the data segment instead of the address space;
+    gpu: expose /dev/nvidia* and /sys, limit the data segment instead of the address space, and show CUDA only
+        this rank's device (rank_gpu_env: its "cuda" is the rank's GPU, not GPU 0);
     use_bwrap: False forces the fallback without bwrap (tests use it)."""
     t0 = time.monotonic()
     timeout_s = inner_limit(timeout_s)
@@ -520,7 +534,7 @@ def run_python(script: str, files: dict | None = None, *, timeout_s: float = 60.
         run_env = {"PATH": "/usr/bin:/bin", "HOME": home, "USER": "sandbox", "LANG": "C.UTF-8",
                    "TMPDIR": "/tmp" if problem is None else host, "PYTHONDONTWRITEBYTECODE": "1",
                    "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-                   "OPENBLAS_NUM_THREADS": "1", **(env or {})}
+                   "OPENBLAS_NUM_THREADS": "1", **(rank_gpu_env() if gpu else {}), **(env or {})}
         cpu = cpu_s if cpu_s is not None else int(timeout_s) + 1
         with open(os.path.join(outdir, "stdin"), "wb") as f:
             f.write(stdin.encode() if isinstance(stdin, str) else stdin)

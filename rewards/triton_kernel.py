@@ -1073,8 +1073,7 @@ def _sandbox(files: dict, job: dict, timeout_s: float, out: str, stdin: bytes = 
     with open(_HARNESS_PATH) as f:
         harness = f.read()
     device = job["device"]
-    env = {"TRITON_INTERPRET": "1"} if device == "cpu" else \
-        {k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES",) if k in os.environ}
+    env = {"TRITON_INTERPRET": "1"} if device == "cpu" else {}  # gpu: run_python shows the rank's GPU alone
     res = run_python(_SCRIPT, {**files, "triton_harness.py": harness, "job.json": json.dumps(job)}, stdin=stdin,
                      timeout_s=timeout_s, env=env, gpu=device == "cuda", read_back=(out,), fsize_mb=fsize_mb)
     return res, res.files.get(out)
