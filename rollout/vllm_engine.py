@@ -28,6 +28,7 @@ arrives as a PEFT adapter folder (load_adapter) under a new LoRARequest id and n
 by id, the prefix cache keys blocks on the name), and every request added after that uses it. Sleep is
 level 1 then (weights offloaded to host memory, not dropped: nothing would push them back).
 """
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,7 +96,13 @@ class RolloutEngine:
         except Exception as e:  # engine start failures are user-fixable config problems: say what to change
             raise EngineStartError(engine_start_hint(e, cfg)) from e
         self.asleep: set[str] = set()  # what a CUDA sleep freed and no wake brought back: "weights", "kv_cache"
+        reload_log = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+        for f in [f for f in reload_log.filters if isinstance(f, FalseReloadWarnings)]:
+            reload_log.removeFilter(f)  # an earlier engine's, perhaps of another model
+        reload_log.addFilter(FalseReloadWarnings(getattr(self.engine.model_config.hf_config, "tie_word_embeddings",
+                                                         False)))
         self.holds_weights = True  # False after a level-2 sleep until the next push_weights
+        self.push_checked = False  # True once a push has loaded every engine parameter (checked on the first)
 
     # -- requests ---------------------------------------------------------------------------
     @staticmethod
@@ -170,10 +177,22 @@ class RolloutEngine:
         cache; under tensor parallel each rank's weight loaders keep its shard of the full tensors.
         Order (CUDA): weights mapped, push, then the KV cache: the push's temporaries (a gathered tensor, vLLM's
         per-layer copy) use the room the KV cache takes once awake. Never call reload_weights without an
-        iterator: that reloads the disk checkpoint."""
+        iterator: that reloads the disk checkpoint. The first push also checks that it loaded every engine
+        parameter (vLLM only logs the ones it did not, and after a level-2 sleep those hold discarded memory): a
+        gap raises PushGapError naming them."""
         self.wake(("weights",))
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors,
-                                                          "is_checkpoint_format": True})
+        if self.push_checked:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors,
+                                                              "is_checkpoint_format": True})
+        else:
+            missing = sorted({n for names in self.llm.collective_rpc(reload_listing_unloaded,
+                                                                     args=(named_tensors,)) for n in names})
+            if missing:
+                raise PushGapError(f"the weight push loaded no value into {len(missing)} of the engine's parameters "
+                                   f"(the policy's names, after vLLM's name mapping, miss them; they would serve "
+                                   f"garbage after a sleep): {', '.join(missing[:20])}"
+                                   + (" ..." if len(missing) > 20 else ""))
+            self.push_checked = True
         self.llm.collective_rpc(refresh_tied_head)
         self.wake(("kv_cache",))
         self.llm.reset_prefix_cache()
@@ -201,17 +220,65 @@ class RolloutEngine:
             segment.unlink(missing_ok=True)
 
 
+class PushGapError(RuntimeError):
+    """A weight push left engine parameters without a value."""
+
+
+def reload_listing_unloaded(worker, weights_iterator) -> list[str]:
+    """In each engine worker: reload_weights as push_weights calls it, recording the parameter names the model's
+    load_weights reports (vLLM's own names, after its checkpoint-name mapping and the stacking of q/k/v and
+    gate/up) -> the engine's parameters it did not report, sorted. A tied head is no gap: named_parameters lists the
+    Parameter it shares with the embedding once. A stacked parameter loaded in part (k_proj missing, q_proj and
+    v_proj pushed) counts as loaded: the names cannot tell."""
+    model = worker.model_runner.get_model()
+    loaded: set[str] = set()
+    load = model.load_weights
+
+    def recording(weights):
+        names = load(weights)
+        loaded.update(names)
+        return names
+    model.load_weights = recording  # an instance attribute over the method, for this reload only
+    try:
+        worker.reload_weights(weights_iterator=weights_iterator, is_checkpoint_format=True)
+    finally:
+        del model.load_weights
+    return sorted({name for name, _ in model.named_parameters()} - loaded)
+
+
 def refresh_tied_head(worker) -> None:
     """In each engine worker, after a push: a model with tied embeddings (tie_word_embeddings: Qwen2.5-0.5B..3B,
     Llama-3.2-1B/3B) gets its lm_head rebuilt from the embedding it shares. vLLM's loader skips `lm_head.*` for such
     models (the head is the embedding's Parameter), so a reload never processes the head again; on CPU that head
     computes with a copy packed at start (dispatch_cpu_unquantized_gemm) and would keep serving the initial weights
-    (measured: 0.64 nats from the pushed policy). On CUDA the processing is a no-op on the shared storage."""
+    (measured: 0.64 nats from the pushed policy). Only there: on CUDA the head computes on the embedding's own
+    storage, which the reload wrote in place, and a second processing would be wasted work at best."""
+    if not head_is_a_packed_copy():
+        return
     model = worker.model_runner.get_model()
     head = getattr(model, "lm_head", None)
     if getattr(model.config, "tie_word_embeddings", False) and hasattr(getattr(head, "quant_method", None),
                                                                        "process_weights_after_loading"):
         head.quant_method.process_weights_after_loading(head)
+
+
+def head_is_a_packed_copy() -> bool:
+    """Whether this vLLM platform computes linear layers from a copy packed at load (the CPU backend)."""
+    from vllm.platforms import current_platform
+    return current_platform.is_cpu()
+
+
+class FalseReloadWarnings(logging.Filter):
+    """Drops vLLM's "<layer>: Failed to load weights" after a reload for the layers no checkpoint feeds, two per push
+    before: RotaryEmbedding (its cos/sin cache is computed from the config) and, on a tied model, ParallelLMHead (its
+    weight is the embedding's, loaded under the embedding's name). A real gap stops the first push (PushGapError)."""
+
+    def __init__(self, tied: bool):
+        super().__init__()
+        self.layers = {"RotaryEmbedding"} | ({"ParallelLMHead"} if tied else set())
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.msg == "%s: Failed to load weights" and record.args and record.args[0] in self.layers)
 
 
 def cpu_shm_segment() -> Path | None:
