@@ -9,18 +9,18 @@
 #              on PYTHONPATH (the lent image has no registry); a failure stops the check           5 s   15 s
 #   preflight  gpu_probes.py preflight: CUDA with compute capability >= 9.0, device, clocks, power,
 #              versions vs requirements.txt, trainer/model import without vllm; ANY failure stops
-#              the check here                                                                      15 s   30 s
+#              the check here                                                                      12 s   30 s
 #   tests      the CUDA-only tests: large shapes (V=151936) of tests/test_kernels.py and
 #              tests/test_fused_linear.py, the ragged-chunk weight gradient                       35 s   60 s
 #   head       bench_kernels.py --only fused-head at T=16384, V=151936, H=3584: chunk 441 (the
-#              CUDA default) and 1024, the unfused path                                            25 s   40 s
+#              CUDA default) and 1024, the unfused path                                            20 s   40 s
 #   step       bench_step.py --synthetic --size 1.5b --max_response_len 8192: 1 warm-up + 2 timed
-#              trainer steps against plain transformers                                            55 s   95 s
+#              trainer steps against plain transformers                                            45 s   95 s
 #   ckpt       bench_step.py --synthetic --size 0.5b --checkpoint: weights and the CUDA
-#              generator's state through save / update / load                                      30 s   50 s
+#              generator's state through save / update / load                                      25 s   50 s
 #   probes     gpu_probes.py probes: fp32 weight-gradient accumulation over 3 chunks vs fp64; a tied
-#              0.5B-shape Qwen2 built on one NCCL rank, gathered in bf16, exported, reloaded        25 s   40 s
-#                                                                                          total  190 s  330 s
+#              0.5B-shape Qwen2 built on one NCCL rank, gathered in bf16, exported, reloaded        20 s   40 s
+#                                                                                          total  162 s  330 s
 # Optional phases, run only when GPU_CHECK_ONLY names them: kernels (the full kernel benchmark, bench_kernels.py
 # with a 240 s budget, limit 300 s), and where vLLM is installed (not on the lent machine) tinydata, grpo and prime
 # (2 GRPO / PRIME steps on the vLLM GPU path on a tiny model; 60 + 180 + 180 s; grpo and prime build tinydata).

@@ -1,8 +1,10 @@
-"""benchmarks/gpu_check.sh and its probes on CPU: the weight-gradient probe tells an fp32 accumulator from a bf16 one,
-and the dry run (tiny sizes) passes every step, writing one summary line and one JSON line per step and at most the
-four files the device tool can bring back."""
+"""benchmarks/gpu_check.sh and its probes on CPU: the weight-gradient probe tells an fp32 accumulator from a bf16 one;
+the default phases fit 330 s and docs/gpu.md shows them; a failed preflight stops the check; the dry run (tiny sizes)
+passes every phase, writing one summary line and one JSON line per phase and at most the four files the device tool
+can bring back; the probes and bench_step's memory readers work on gVisor's /proc."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -33,22 +35,66 @@ def test_weight_gradient_probe_catches_a_bf16_accumulator(monkeypatch):
     assert not bad["ok"] and bad["rel_err_fused"] > 0.5, bad
 
 
-@pytest.mark.slow  # about 2 minutes on the 2-core machine
+PHASES = ["preflight", "tests", "head", "step", "ckpt", "probes"]  # the default run, in priority order
+
+
+def script_limits() -> dict:
+    """{phase: limit in s} from gpu_check.sh's `phase NAME LIMIT ...` calls."""
+    calls = re.findall(r"^\s*(?:if ! )?phase (\w+) (\d+) ", (ROOT / "benchmarks" / "gpu_check.sh").read_text(), re.M)
+    return {name: int(limit) for name, limit in calls}
+
+
+def test_default_phases_fit_330_s_and_docs_show_them():
+    """The wheels and the default phases' limits add up to at most 330 s (a 15-minute lease less its start leaves a
+    rerun); docs/gpu.md's table gives each phase its estimate and the script's limit; the head phase's chunks include
+    the CUDA default at V=151936."""
+    limits = script_limits()
+    default = {k: limits[k] for k in ["wheels", *PHASES]}
+    assert sum(default.values()) <= 330, default
+    doc = (ROOT / "docs" / "gpu.md").read_text()
+    rows = {m[0]: (int(m[1]), int(m[2])) for m in re.findall(r"^\| (\w+) \|.*\| (\d+) s \| (\d+) s \|$", doc, re.M)}
+    assert {k: v[1] for k, v in rows.items() if k in default} == default, rows
+    assert all(rows[k][0] < rows[k][1] for k in default), rows
+    assert rows["total"] == (sum(rows[k][0] for k in default), sum(default.values())), rows
+    chunks = re.search(r"--head-chunks ([\d,]+)\)", (ROOT / "benchmarks" / "gpu_check.sh").read_text())[1]
+    assert str(FL.default_chunk(151936, True)) in chunks.split(","), chunks
+
+
+def test_unknown_phase_and_failed_preflight_stop_the_check(tmp_path):
+    """GPU_CHECK_ONLY naming no phase: exit 2 before anything runs. A preflight that fails for any reason (here:
+    exit 1, as when the project does not import) stops the check: no later phase runs."""
+    p = subprocess.run(["bash", "benchmarks/gpu_check.sh", str(tmp_path / "a")], cwd=ROOT, capture_output=True,
+                       text=True, env={**os.environ, "GPU_CHECK_ONLY": "step nonsense"}, timeout=60)
+    assert p.returncode == 2 and "unknown phase 'nonsense'" in p.stderr and not (tmp_path / "a").exists(), p
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/bash\nif [ "$2" = preflight ]; then echo "importing trainer failed"; exit 1; fi\n'
+                    f'exec {sys.executable} "$@"\n')
+    fake.chmod(0o755)
+    p = subprocess.run(["bash", "benchmarks/gpu_check.sh", "--cpu-dry-run", str(tmp_path / "b")], cwd=ROOT,
+                       capture_output=True, text=True, env={**os.environ, "PYTHON": str(fake)}, timeout=60)
+    summary = (tmp_path / "b" / "summary.txt").read_text()
+    assert p.returncode == 1 and "preflight failed: nothing else runs" in summary, p.stdout + summary
+    results = [json.loads(x) for x in (tmp_path / "b" / "results.jsonl").read_text().splitlines()]
+    assert [(r["phase"], r["rc"]) for r in results] == [("wheels", 0), ("preflight", 1)], results
+    assert results[1]["found"] == "importing trainer failed", results
+
+
+@pytest.mark.slow  # about 40 s on the 2-core machine
 def test_cpu_dry_run(tmp_path):
-    """Every step but tests (this suite runs those) and the vLLM ones (covered by the trainer's tests)."""
-    steps = ["preflight", "probes", "kernels", "head", "step", "ckpt"]
+    """Every default phase at tiny sizes on CPU: one summary line and one JSON line per phase, at most four files."""
     p = subprocess.run(["bash", "benchmarks/gpu_check.sh", "--cpu-dry-run", str(tmp_path)], cwd=ROOT,
-                       env={**os.environ, "GPU_CHECK_ONLY": " ".join(steps)}, capture_output=True, text=True,
-                       timeout=1500)
+                       capture_output=True, text=True, timeout=1500)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert len(list(tmp_path.iterdir())) <= 4, sorted(tmp_path.iterdir())
-    lines = [x for x in (tmp_path / "summary.txt").read_text().splitlines() if x.split(" ")[0] in steps]
-    assert [x.split(" ")[:2] for x in lines] == [[s, "rc=0"] for s in steps], lines
+    lines = (tmp_path / "summary.txt").read_text().splitlines()
+    assert [x.split(" ")[:2] for x in lines] == [[s, "rc=0"] for s in ["wheels", *PHASES]], lines
     results = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in results] == steps and all(r["found"] for r in results), results
-    probes = results[1]
-    assert probes["weight_gradient"]["ok"] and probes["build_export"]["ok"], probes
-    assert results[-1]["checkpoint"]["rng_restored"], results[-1]["checkpoint"]
+    assert [r["phase"] for r in results] == ["wheels", *PHASES] and all(r["found"] for r in results), results
+    assert all(r["limit_s"] == 5 * script_limits()[r["phase"]] for r in results), results
+    by = {r["phase"]: r for r in results}
+    assert by["probes"]["weight_gradient"]["ok"] and by["probes"]["build_export"]["ok"], by["probes"]
+    assert by["ckpt"]["checkpoint"]["rng_restored"], by["ckpt"]["checkpoint"]
+    assert by["tests"]["found"].startswith("2 passed"), by["tests"]  # the ragged-chunk test in both dtypes
 
 
 def gvisor_run(*argv) -> dict:
@@ -86,9 +132,9 @@ def test_peak_rss_without_clear_refs_is_getrusages_or_not_measured(monkeypatch, 
     status.write_text("Name:\tpython\nVmRSS:\t  1000 kB\n")
     monkeypatch.setattr(HM, "STATUS", str(status))
     monkeypatch.setattr(HM, "CLEAR_REFS", str(tmp_path / "missing" / "clear_refs"))
-    maxrss = iter([5000, 7000, 8000, 8000])
+    maxrss = iter([5000, 8000, 8000, 8000])
     monkeypatch.setattr(HM, "maxrss_bytes", lambda: next(maxrss) * 1024)
-    rose, flat = HM.PeakRSS(), HM.PeakRSS()  # ru_maxrss 5000 then 7000 KiB at their starts
+    rose, flat = HM.PeakRSS(), HM.PeakRSS()  # ru_maxrss 5000 and 8000 KiB at their starts, 8000 at their ends
     assert rose.bytes() == 8000 * 1024 and flat.bytes() is None and rose.source.startswith("getrusage (no /proc")
     assert HM.status_bytes("VmRSS") == 1000 * 1024 and HM.status_bytes("VmHWM") is None
     monkeypatch.setattr(HM, "maxrss_bytes", lambda: 9000 * 1024)
