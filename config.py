@@ -12,6 +12,9 @@ import difflib
 import inspect
 import io
 import json
+import math
+import os
+import struct
 import tokenize
 import types
 import typing
@@ -189,6 +192,49 @@ def help_text(source: str | Path, top: str = "Config") -> str:
     return "\n".join(lines)
 
 
+def checkpoint_numel(model_path: str) -> int | None:
+    """Elements of every tensor in model_path's *.safetensors, read from their headers (8-byte little-endian length,
+    then JSON {name: {dtype, shape, data_offsets}}), no data read; None where there is no safetensors file."""
+    files, n = sorted(Path(model_path).glob("*.safetensors")), 0
+    for f in files:
+        try:
+            with open(f, "rb") as fh:
+                (size,) = struct.unpack("<Q", fh.read(8))
+                header = json.loads(fh.read(size))
+            n += sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
+        except (OSError, struct.error, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ConfigError(f"{f}: not a readable safetensors header ({type(e).__name__}: {e})") from None
+    return n if files else None
+
+
+def host_available_bytes() -> int | None:
+    """MemAvailable of /proc/meminfo (what can be allocated without swapping), None where it is not there."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next((int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")), None)
+    except OSError:
+        return None
+
+
+def sleep_backup_problem(cfg, local_ranks: int, available: int | None) -> str | None:
+    """LoRA on CUDA: the engine sleeps at level 1 (rollout/vllm_engine.py: nothing pushes the base back), which backs
+    its bf16 weights up in pinned host memory while the policy trains: numel x 2 B / engine.tensor_parallel_size per
+    rank, local_ranks of them on this host. -> why the host cannot hold that, or None (it can, or a figure is
+    unknown)."""
+    numel = checkpoint_numel(cfg.model_path)
+    if numel is None or available is None:
+        return None
+    t = cfg.engine.tensor_parallel_size
+    per_rank = numel * 2 / t
+    need = local_ranks * per_rank
+    if need <= available:
+        return None
+    return (f"lora.rank={cfg.lora.rank}: on CUDA the engine sleeps at level 1, which keeps a copy of its bf16 "
+            f"weights in pinned host memory: {local_ranks} ranks x {per_rank / 1e9:.1f} GB = {need / 1e9:.1f} GB on "
+            f"this host, but only {available / 1e9:.1f} GB is available (MemAvailable): use fewer ranks per host, "
+            f"a host with more memory, or shard the engine (engine.tensor_parallel_size={2 * t} halves each copy)")
+
+
 def validate(cfg, world: int) -> None:
     """Impossible settings fail here, before anything expensive starts."""
     if not cfg.model_path:
@@ -268,3 +314,9 @@ def validate(cfg, world: int) -> None:
     if cfg.token_budget < cfg.max_prompt_len + cfg.max_response_len:
         raise ConfigError(f"token_budget={cfg.token_budget} is below one full row "
                           f"(max_prompt_len + max_response_len = {cfg.max_prompt_len + cfg.max_response_len})")
+    if cfg.mode == "rl" and cfg.lora.rank > 0:
+        import torch
+        if torch.cuda.is_available():  # the engine sleeps only on CUDA
+            problem = sleep_backup_problem(cfg, int(os.environ.get("LOCAL_WORLD_SIZE", world)), host_available_bytes())
+            if problem:
+                raise ConfigError(problem)

@@ -101,6 +101,11 @@ def _chunk_logits(h, weight, bias, chunk, with_scratch):
         yield sl, z, None if s_buf is None else s_buf[: sl.stop - s]
 
 
+# addmm's dtype overload (bf16/fp16 operands, an fp32 self and output: tensor cores accumulating into fp32) exists from
+# torch 2.10; before it the weight gradient is accumulated by an fp32 addmm_ (the same sum, without tensor cores).
+_ADDMM_FP32_OUT = hasattr(torch.ops.aten.addmm, "dtype_out")
+
+
 class _Grads:
     """dh (N, H) in h's dtype, dweight / dbias accumulated in fp32 (fp64 for fp64) over the chunks; each of the
     three only if needed."""
@@ -117,8 +122,8 @@ class _Grads:
             self.dh[sl] = torch.mm(dz.to(weight.dtype), weight)  # (C, H)
         if self.dw is None:
             pass
-        elif self.dw.is_cuda and h_c.dtype in (torch.bfloat16, torch.float16):  # tensor cores, fp32 accumulate
-            torch.ops.aten.addmm.dtype_out(self.dw, dz.T.to(h_c.dtype), h_c, torch.float32, out=self.dw)
+        elif self.dw.is_cuda and h_c.dtype in (torch.bfloat16, torch.float16) and _ADDMM_FP32_OUT:  # tensor cores,
+            torch.ops.aten.addmm.dtype_out(self.dw, dz.T.to(h_c.dtype), h_c, torch.float32, out=self.dw)  # fp32 acc
         else:
             self.dw.addmm_(dz.T.to(self.dw.dtype), h_c.to(self.dw.dtype))  # (V, H) += (V, C) @ (C, H)
         if self.db is not None:
