@@ -100,7 +100,7 @@ def test_push_maps_the_weights_then_pushes_then_the_kv_cache():
     """After a CUDA sleep, push_weights wakes the weights alone, loads the pushed tensors (consumed inside the reload),
     rebuilds a tied head, and only then maps the KV cache and drops the prefix cache (vLLM's wake_up(tags=...)): the
     push's temporaries use the room the KV cache takes once awake. A plain wake (LoRA, evaluation) maps the rest."""
-    from rollout.vllm_engine import RolloutEngine, refresh_tied_head
+    from rollout.vllm_engine import RolloutEngine, refresh_tied_head, reload_listing_unloaded
     calls = []
 
     class LLM:  # the vllm.LLM calls the engine makes, recorded
@@ -110,7 +110,10 @@ def test_push_maps_the_weights_then_pushes_then_the_kv_cache():
         def wake_up(self, tags=None):
             calls.append(("wake_up", tuple(tags)))
 
-        def collective_rpc(self, method, kwargs=None):
+        def collective_rpc(self, method, args=(), kwargs=None):
+            if method is reload_listing_unloaded:  # the first push: the reload, listing what it left without a value
+                calls.append(("reload", [n for n, _ in args[0]]))
+                return [[]]
             if kwargs:
                 calls.append(("reload", [n for n, _ in kwargs["weights_iterator"]]))
             else:
@@ -120,11 +123,14 @@ def test_push_maps_the_weights_then_pushes_then_the_kv_cache():
             calls.append(("reset_prefix_cache",))
     engine = object.__new__(RolloutEngine)
     engine.llm, engine.on_cuda, engine.sleep_level, engine.asleep, engine.holds_weights = LLM(), True, 2, set(), True
-    engine.sleep()
-    engine.push_weights(iter([("a", 1), ("b", 2)]))
-    assert calls == [("sleep", 2), ("wake_up", ("weights",)), ("reload", ["a", "b"]), ("rpc", refresh_tied_head),
-                     ("wake_up", ("kv_cache",)), ("reset_prefix_cache",)], calls
-    assert engine.holds_weights and not engine.asleep
+    engine.push_checked = False
+    for names in (["a", "b"], ["a", "b", "c"]):  # the first push (checked), then a later one
+        calls.clear()
+        engine.sleep()
+        engine.push_weights(iter([(n, 1) for n in names]))
+        assert calls == [("sleep", 2), ("wake_up", ("weights",)), ("reload", names), ("rpc", refresh_tied_head),
+                         ("wake_up", ("kv_cache",)), ("reset_prefix_cache",)], calls
+        assert engine.holds_weights and not engine.asleep and engine.push_checked
     calls.clear()
     engine.sleep()
     engine.wake()
