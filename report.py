@@ -167,6 +167,19 @@ def metric_sinks(cfg, run_dir: Path) -> list:
     return sinks
 
 
+def write_samples(run, step: int, groups, text_of) -> None:
+    """log_samples: rank 0 appends its first log_samples completions of the step to run_dir/samples.jsonl, one line
+    each: {step, prompt, completion, reward, reason} (text_of(trajectory) -> what the model wrote)."""
+    if run.rank != 0:
+        return
+    done = [(g.row, tr, score, info) for g in groups for tr, (score, info) in zip(g.samples, g.scores)]
+    with open(run.run_dir / "samples.jsonl", "a", encoding="utf-8") as f:
+        for row, tr, score, info in done[:run.cfg.log_samples]:
+            f.write(json.dumps({"step": step, "prompt": row["prompt"], "completion": text_of(tr), "reward": score,
+                                "reason": info.get("reason"), **({"components": info["components"]}
+                                                                 if "components" in info else {})}) + "\n")
+
+
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k from n samples with c correct: 1 - C(n-c, k) / C(n, k)."""
     if n - c < k:
@@ -230,7 +243,7 @@ def report_rl(run_dir: Path, k: int, seconds: float, steps: int) -> None:
 # panels: (title, metric keys); a panel is drawn when any of its keys appears in the run
 PANELS = [
     ("training reward", ["reward"]),
-    ("SFT loss", ["sft_loss"]),
+    ("SFT loss", ["sft_loss", "eval/val_loss"]),
     ("held-out accuracy", None),  # every top-level eval/* key
     ("response length (tokens)", ["response_len", "response_len_p90", "response_len_max"]),
     ("rollout-training mismatch", ["mismatch/kl_k3", "mismatch/log_ratio_abs_mean", "mismatch/prob_diff_max"]),
@@ -252,7 +265,7 @@ def plot_run(run_dir: Path) -> Path:
     panels = []
     for title, keys in PANELS:
         if keys is None:
-            keys = sorted({k for r in rows for k in r if k.startswith("eval/") and k.count("/") == 1 and k != "eval/rows"})
+            keys = sorted({k for r in rows for k in r if k.startswith("eval/") and k.count("/") == 1 and k not in ("eval/rows", "eval/val_loss")})
         elif isinstance(keys, str):
             keys = sorted({k for r in rows for k in r if k.startswith(keys)})
         keys = [k for k in keys if any(k in r for r in rows)]
