@@ -310,9 +310,9 @@ def check_day_one(cfg) -> None:
                           f"min_p={cfg.min_p} top_p={cfg.top_p}")
     if (cfg.top_p < 1 or cfg.top_k > 0 or cfg.min_p > 0) and \
             (cfg.correction.mode != "none" or cfg.copris.old_logprob_source == "rollout"):
-        raise ConfigError("top_p < 1, top_k and min_p truncate the sampler's distribution, so the engine's log-probs "
-                          "are not the trainer's full-vocabulary ones: leave them off with correction.mode or rollout "
-                          "old log-probs (docs/algorithms.md)")
+        raise ConfigError("top_p < 1 truncates the sampler's distribution (so do top_k and min_p), and the engine's "
+                          "log-probs are then not the trainer's full-vocabulary ones: leave them off with correction.mode"
+                          " or rollout old log-probs (docs/algorithms.md)")
     if cfg.log_samples < 0:
         raise ConfigError(f"log_samples must be >= 0, got {cfg.log_samples}")
     for on, package, key in ((cfg.tensorboard, "tensorboard", "tensorboard: true"),
