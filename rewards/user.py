@@ -193,7 +193,7 @@ def reward_pool(cfg) -> RewardPool:
 def component_metrics(pool: RewardPool, infos: list[dict], all_sum, device) -> dict:
     """reward/<name>: each function's mean (unweighted) score over the step's samples of every rank that it scored
     (a sample whose reward failed has none); {} without reward.funcs."""
-    if not isinstance(pool.fn, UserReward):
+    if not isinstance(getattr(pool, "fn", None), UserReward):
         return {}
     sums = [x for key in pool.fn.names for x in (sum(i["components"].get(key, 0.0) for i in infos if "components" in i),
                                                 sum(key in i.get("components", ()) for i in infos))]
