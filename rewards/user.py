@@ -138,26 +138,29 @@ class UserReward:
 
 
 _SANDBOX_MAIN = """
-import importlib.util, inspect, json, math
+import importlib.util, inspect, json
 job = json.load(open("job.json"))
 out = []
 for i, name in enumerate(job["names"]):
-    spec = importlib.util.spec_from_file_location(f"user_reward_{i}", f"user_reward_{job['files'][i]}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    fn = getattr(mod, name)
-    args = (job["row"], job["completion"], job["messages"])[:len(inspect.signature(fn).parameters)]
-    r = fn(*args)
-    score, info = r if isinstance(r, tuple) and len(r) == 2 and isinstance(r[1], dict) else (r, {})
-    out.append([score if isinstance(score, (int, float)) and not isinstance(score, bool) else None,
-                json.loads(json.dumps(info, default=str))])
+    try:
+        spec = importlib.util.spec_from_file_location(f"user_reward_{i}", f"user_reward_{job['files'][i]}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        fn = getattr(mod, name)
+        r = fn(*(job["row"], job["completion"], job["messages"])[:len(inspect.signature(fn).parameters)])
+        score, info = r if isinstance(r, tuple) and len(r) == 2 and isinstance(r[1], dict) else (r, {})
+        ok = isinstance(score, (int, float)) and not isinstance(score, bool)
+        out.append([score if ok else repr(score), json.loads(json.dumps(info, default=str)), None])
+    except Exception as e:
+        out.append([None, {}, f"{type(e).__name__}: {e}"])
 open("scores.json", "w").write(json.dumps(out))
 """
 
 
 def _sandboxed(user: list, row: dict, completion: str, messages) -> list[tuple[float, dict]]:
     """Every user function of one sample in one sandbox run (rewards/sandbox.py): the files and the sample go in as
-    read-only files, the scores come back in scores.json; a failure is a RuntimeError with the sandbox's verdict."""
+    read-only files, the scores come back in scores.json; a failure is a RuntimeError naming the function, or with the
+    sandbox's verdict (timeout, oom...)."""
     problem = refusal()
     if problem:
         raise RuntimeError(f"reward.sandbox: {problem}")
@@ -171,8 +174,12 @@ def _sandboxed(user: list, row: dict, completion: str, messages) -> list[tuple[f
     if res.status != "ok" or "scores.json" not in res.files:
         last = (res.stderr.strip().splitlines() or [res.status])[-1]
         raise RuntimeError(f"sandboxed reward: {res.status}: {last}"[:300])
-    return [_checked((s, i), f"{os.path.basename(p)}:{n}")
-            for (s, i), (p, n, _) in zip(json.loads(res.files["scores.json"]), user)]
+    out = []
+    for (score, info, error), (path, name, _) in zip(json.loads(res.files["scores.json"]), user):
+        if error:
+            raise RuntimeError(f"{os.path.basename(path)}:{name}: {error}")
+        out.append(_checked((score, info), f"{os.path.basename(path)}:{name}"))
+    return out
 
 
 def messages_of(row: dict, turns: list[dict]) -> list[dict]:
