@@ -18,6 +18,7 @@ Runs in the reward pool (rewards/pool.py): each worker imports the files once, b
 the whole sum is one job under reward_timeout_s. With reward.sandbox the functions run in the bubblewrap sandbox
 (rewards/sandbox.py): the file and the sample go in, only the scores come out.
 """
+import ast
 import importlib.util
 import inspect
 import json
@@ -37,9 +38,10 @@ class SpecError(ValueError):
     """A reward.funcs entry that cannot be used: said at start, before any rank trains."""
 
 
-def parse(funcs: list[str], weights: list[float]) -> tuple:
+def parse(funcs: list[str], weights: list[float], sandbox: bool = False) -> tuple:
     """The config's lists -> ((path, name, weight), ...), path absolute ("" for TASK); each file is loaded and each
-    function checked here (in the launcher and on every rank) so a typo is a start-up error, not N reward errors."""
+    function checked here (in the launcher and on every rank) so a typo is a start-up error, not N reward errors.
+    sandbox: the files are read, never run, outside the sandbox: each function must be a top-level def."""
     if weights and len(weights) != len(funcs):
         raise SpecError(f"reward.weights has {len(weights)} values for {len(funcs)} reward.funcs")
     if not all(math.isfinite(w) for w in weights):
@@ -56,7 +58,7 @@ def parse(funcs: list[str], weights: list[float]) -> tuple:
             raise SpecError(f"reward.funcs entry {spec!r}: no such file {path}")
         specs.append((str(Path(path).resolve()), name, float(w)))
         try:
-            n_args = len(inspect.signature(function(*specs[-1][:2])).parameters)
+            n_args = _arity_of_def(*specs[-1][:2]) if sandbox else len(inspect.signature(function(*specs[-1][:2])).parameters)
         except Exception as e:  # the user's module raised while importing: anything
             raise SpecError(f"reward.funcs entry {spec!r}: {type(e).__name__}: {e}"[:400]) from None
         if n_args not in (2, 3):
@@ -65,14 +67,25 @@ def parse(funcs: list[str], weights: list[float]) -> tuple:
     return tuple(specs)
 
 
+def _arity_of_def(path: str, name: str) -> int:
+    """The number of parameters of the top-level `def name` in the file, read without running it."""
+    tree = ast.parse(Path(path).read_text(encoding="utf-8"), path)
+    defs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
+    if not defs:
+        raise AttributeError(f"{Path(path).name} has no top-level def {name!r} (reward.sandbox reads it, not runs it)")
+    a = defs[-1].args
+    return len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs)
+
+
 def function(path: str, name: str):
     """The function `name` of the Python file `path` (imported once per process, as a module of its own)."""
     if (path, name) not in _LOADED:
         mod = _LOADED.get(path)
         if mod is None:
             spec = importlib.util.spec_from_file_location(f"user_reward_{abs(hash(path))}", path)
-            mod = _LOADED[path] = importlib.util.module_from_spec(spec)
+            mod = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(mod)
+            _LOADED[path] = mod
         fn = getattr(mod, name, None)
         if not callable(fn):
             raise AttributeError(f"{Path(path).name} has no function {name!r}")
@@ -193,7 +206,7 @@ def reward_pool(cfg) -> RewardPool:
     """The run's reward pool: the rows' task scorers (tasks.py), or the weighted sum of reward.funcs."""
     if not cfg.reward.funcs:
         return RewardPool(cfg.reward_workers, cfg.reward_timeout_s)
-    fn = UserReward(parse(cfg.reward.funcs, cfg.reward.weights), cfg.reward.sandbox)
+    fn = UserReward(parse(cfg.reward.funcs, cfg.reward.weights, cfg.reward.sandbox), cfg.reward.sandbox)
     return RewardPool(cfg.reward_workers, cfg.reward_timeout_s, fn=fn, prepare=fn.prepare)
 
 

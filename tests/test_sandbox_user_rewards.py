@@ -4,7 +4,7 @@ function. (A test_sandbox_* file: conftest.py insists on real isolation.)"""
 import pytest
 
 from helpers import ROOT
-from rewards.user import UserReward, parse
+from rewards.user import SpecError, UserReward, parse
 
 EXAMPLE = "rewards/example_reward_funcs.py"
 ROW = {"prompt": "Eli has 5 books. Eli loses 2. How many books now? Answer:", "task": "math", "answer": "3",
@@ -39,3 +39,18 @@ def test_the_same_function_reads_the_repository_outside_the_sandbox(tmp_path):
     path.write_text(f"def f(row, completion):\n    return float(len(open({str(ROOT / 'README.md')!r}).read()))\n")
     score, info = UserReward(parse([f"{path}:f"], []))(ROW, "x")
     assert score == len((ROOT / "README.md").read_text()) and info["reason"] == "ok"
+
+
+def test_with_sandbox_the_file_is_read_at_start_not_run(tmp_path):
+    """parse(..., sandbox=True) checks the def without importing the file (its top level would run outside)."""
+    path = tmp_path / "loud.py"
+    marker = tmp_path / "ran"
+    path.write_text(f"open({str(marker)!r}, 'w').close()\ndef f(row, completion):\n    return 1.0\n")
+    (spec,) = parse([f"{path}:f"], [], sandbox=True)
+    assert spec[1] == "f" and not marker.exists()
+    with pytest.raises(SpecError, match="no top-level def 'g'"):
+        parse([f"{path}:g"], [], sandbox=True)
+    with pytest.raises(SpecError, match="takes 1 arguments"):
+        path.write_text("def f(row):\n    return 1.0\n")
+        parse([f"{path}:f"], [], sandbox=True)
+    assert UserReward(parse([f"{EXAMPLE}:boxed_answer"], [], sandbox=True), sandbox=True)(ROW, "\\boxed{3}")[0] == 1.0
