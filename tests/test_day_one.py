@@ -143,3 +143,23 @@ def test_sft_validation_loss_is_the_exports_loss(tiny, tmp_path):
             total -= float(logp[len(prompt) - 1:-1].gather(1, targets[:, None]).sum())
             n += len(completion)
     assert logged[5] == pytest.approx(total / n, rel=1e-4), (logged[5], total / n)
+
+
+def test_chat_template_file_reaches_prompts_and_the_export(tiny, tmp_path):
+    """chat_template_file replaces the tokenizer's template for the prompts (SFT and RL render them with
+    data.rows.prompt_text) and is the export's (serving_tokenizer keeps it); without one, the export gets the plain
+    template and the training tokenizer is left as it was."""
+    from data.rows import PLAIN_TEMPLATE, load_tokenizer, prompt_text, serving_tokenizer
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}<|assistant|>")
+    tok = load_tokenizer(str(tiny / "model"), str(template))
+    row = {"prompt": "Ann has 3 apples.", "_where": "x:1"}
+    assert prompt_text(row, tok, True) == "<|user|>Ann has 3 apples.<|assistant|>"
+    assert serving_tokenizer(tok, True) is tok
+    plain = load_tokenizer(str(tiny / "model"))
+    assert plain.chat_template is None and prompt_text(row, plain, True) == "Ann has 3 apples."
+    served = serving_tokenizer(plain, True)
+    assert served.chat_template == PLAIN_TEMPLATE.read_text() and plain.chat_template is None
+    assert served.apply_chat_template([{"role": "user", "content": row["prompt"]}], tokenize=False,
+                                      add_generation_prompt=True) == row["prompt"]
+    assert serving_tokenizer(tok, False).chat_template == PLAIN_TEMPLATE.read_text()  # chat_template: false trains plain
