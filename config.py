@@ -9,6 +9,7 @@ import argparse
 import ast
 import dataclasses
 import difflib
+import importlib.util
 import inspect
 import io
 import json
@@ -25,6 +26,17 @@ import yaml
 
 class ConfigError(ValueError):
     """A user error in the config or the data: printed without a traceback, exit code 2."""
+
+
+# ---- sections defined here rather than in trainer.py (trainer.Config holds them like its own) ----
+
+
+@dataclasses.dataclass
+class RewardConfig:  # reward functions from your own file (rewards/user.py; docs/data.md): TRL's reward_funcs
+    funcs: list[str] = dataclasses.field(default_factory=lambda: [])  # "file.py:function" entries (or "task": the row's
+    # own scorer); the reward is their weighted sum, each logged as reward/<function>; [] = the rows' tasks
+    weights: list[float] = dataclasses.field(default_factory=lambda: [])  # one per entry of funcs; [] = 1 each
+    sandbox: bool = False  # run the functions in the bubblewrap sandbox (rewards/sandbox.py): no network, no files
 
 
 def _unwrap_optional(tp):
@@ -45,10 +57,13 @@ def _convert(value, tp, key: str, from_cli: bool):
             raise ConfigError(f"{key}: must be one of {list(allowed)}, got {value!r}")
         return value
     if typing.get_origin(tp) is list:
+        item = typing.get_args(tp)[0]  # str or float
         if from_cli:
-            value = [v for v in value.split(",") if v]
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ConfigError(f"{key}: expected a list of strings, got {value!r}")
+            value = [_convert(v, item, key, True) for v in value.split(",") if v]
+        if isinstance(value, list) and item is float:
+            value = [float(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in value]
+        if not isinstance(value, list) or not all(isinstance(v, item) for v in value):
+            raise ConfigError(f"{key}: expected a list of {item.__name__}s, got {value!r}")
         return value
     if from_cli:
         if tp is bool:
@@ -161,9 +176,13 @@ def help_text(source: str | Path, top: str = "Config") -> str:
     """Every key of the dataclass `top` in the Python file `source`, grouped by section: --key=<type> (default) and
     the comments on the field's lines and the comment lines right after it. The file is parsed, not imported, so
     `python trainer.py --help` prints without importing torch or the engine."""
-    text = Path(source).read_text(encoding="utf-8")
-    classes = {c.name: c for c in ast.parse(text).body if isinstance(c, ast.ClassDef)}
-    comments = _comments(text)
+    classes, comments = {}, {}
+    for path in (__file__, source):  # the sections defined here (RewardConfig...) and the file's own
+        text = Path(path).read_text(encoding="utf-8")
+        notes = _comments(text)
+        for c in ast.parse(text).body:
+            if isinstance(c, ast.ClassDef):
+                classes[c.name], comments[c.name] = c, notes
     lines = ["usage: python trainer.py [--nproc_per_node=N] [--config FILE.yaml] [--key=value ...]",
              "       torchrun --nproc_per_node N trainer.py [--config FILE.yaml] [--key=value ...]",
              "A data row's `task` picks its scorer, row check and environment in tasks.py (the task table); the manual is",
@@ -171,7 +190,8 @@ def help_text(source: str | Path, top: str = "Config") -> str:
 
     def walk(cls: ast.ClassDef, prefix: str):
         fields = [f for f in cls.body if isinstance(f, ast.AnnAssign) and isinstance(f.target, ast.Name)]
-        about = comments.get(cls.lineno, ("", False))[0]
+        notes = comments[cls.name]
+        about = notes.get(cls.lineno, ("", False))[0]
         lines.append(f"[{prefix[:-1] or 'top level'}]" + (f"  {about}" if about and prefix else ""))
         sections = []
         for f in fields:
@@ -179,9 +199,9 @@ def help_text(source: str | Path, top: str = "Config") -> str:
             if kind in classes:
                 sections.append((classes[kind], prefix + f.target.id + "."))
                 continue
-            said, n = [comments[i][0] for i in range(f.lineno, f.end_lineno + 1) if i in comments], f.end_lineno + 1
-            while n in comments and comments[n][1]:  # a comment continued on the lines below the field
-                said.append(comments[n][0])
+            said, n = [notes[i][0] for i in range(f.lineno, f.end_lineno + 1) if i in notes], f.end_lineno + 1
+            while n in notes and notes[n][1]:  # a comment continued on the lines below the field
+                said.append(notes[n][0])
                 n += 1
             lines.append(f"  --{prefix}{f.target.id}=<{kind}>  (default: {json.dumps(_default(f.value))})")
             lines.append(f"      {' '.join(said)}")
@@ -254,9 +274,6 @@ def validate(cfg, world: int) -> None:
             raise ConfigError(f"{key} {getattr(cfg, key)!r}: no such file")
     if cfg.mode == "eval" and not cfg.eval_data:
         raise ConfigError("mode: eval needs eval_data")
-    if cfg.mode == "sft" and cfg.eval_data:
-        raise ConfigError("eval_data is not used in mode: sft; evaluate the export afterwards with "
-                          "--mode=eval --model_path=RUN_DIR/export --eval_data=...")
     for key in ("n_samples", "batch_groups", "max_prompt_len", "max_response_len", "token_budget", "mini_batches"):
         if getattr(cfg, key) < 1:
             raise ConfigError(f"{key} must be >= 1, got {getattr(cfg, key)}")
@@ -320,3 +337,37 @@ def validate(cfg, world: int) -> None:
             problem = sleep_backup_problem(cfg, int(os.environ.get("LOCAL_WORLD_SIZE", world)), host_available_bytes())
             if problem:
                 raise ConfigError(problem)
+    check_day_one(cfg)
+
+
+def check_day_one(cfg) -> None:
+    """The checks of reward functions, chat template file, sampling filters, schedule, samples and logging backends:
+    all before any rank starts (the launcher's preflight runs validate)."""
+    if cfg.reward.funcs or cfg.reward.weights:
+        from rewards.user import SpecError, parse
+        try:
+            parse(cfg.reward.funcs, cfg.reward.weights, cfg.reward.sandbox)
+        except SpecError as e:
+            raise ConfigError(str(e)) from None
+    if cfg.reward.sandbox and cfg.reward.funcs:
+        from rewards.sandbox import SandboxUnavailable, require_isolation
+        try:
+            require_isolation(cfg.sandbox_opt_out)
+        except SandboxUnavailable as e:
+            raise ConfigError(f"reward.sandbox: {e}") from None
+    if cfg.chat_template_file and not Path(cfg.chat_template_file).is_file():
+        raise ConfigError(f"chat_template_file {cfg.chat_template_file!r}: no such file")
+    if cfg.top_k == 0 or cfg.top_k < -1 or not 0 <= cfg.min_p < 1 or not 0 < cfg.top_p <= 1:
+        raise ConfigError(f"top_k must be -1 (off) or >= 1, min_p in [0, 1) and top_p in (0, 1], got top_k={cfg.top_k} "
+                          f"min_p={cfg.min_p} top_p={cfg.top_p}")
+    if (cfg.top_p < 1 or cfg.top_k > 0 or cfg.min_p > 0) and \
+            (cfg.correction.mode != "none" or cfg.copris.old_logprob_source == "rollout"):
+        raise ConfigError("top_p < 1 truncates the sampler's distribution (so do top_k and min_p), and the engine's "
+                          "log-probs are then not the trainer's full-vocabulary ones: leave them off with correction.mode"
+                          " or rollout old log-probs (docs/algorithms.md)")
+    if cfg.log_samples < 0:
+        raise ConfigError(f"log_samples must be >= 0, got {cfg.log_samples}")
+    for on, package, key in ((cfg.tensorboard, "tensorboard", "tensorboard: true"),
+                             (cfg.wandb_project, "wandb", "wandb_project")):
+        if on and importlib.util.find_spec(package) is None:
+            raise ConfigError(f"{key} needs the {package} package, which is not installed (pip install {package})")

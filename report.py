@@ -146,25 +146,56 @@ def log_metrics(run_dir: Path, sinks: list, metrics: dict) -> None:
         sink(metrics)
 
 
+SAMPLE_COLUMNS = ("prompt", "completion", "reward", "reason")
+
+
 def metric_sinks(cfg, run_dir: Path) -> list:
-    """Optional loggers, imported only when configured; a missing package is a config error."""
+    """Optional loggers, imported only when configured (config.py checks at start that the packages are there):
+    each is sink(metrics, samples=None): a step's metrics, or with samples (write_samples' lines) a table of them."""
     sinks = []
     if cfg.tensorboard:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            raise ConfigError("tensorboard: true needs the tensorboard package (pip install tensorboard)") from None
+        from torch.utils.tensorboard import SummaryWriter
         writer = SummaryWriter(str(run_dir / "tb"))
-        sinks.append(lambda m: [writer.add_scalar(k, v, m["step"]) for k, v in m.items()
-                                if isinstance(v, (int, float)) and k != "step"] and writer.flush())
+
+        def tensorboard(m: dict, samples: list | None = None) -> None:
+            if samples:  # a markdown table under the Text tab, one per step
+                rows = ["| " + " | ".join(SAMPLE_COLUMNS) + " |", "|" + "---|" * len(SAMPLE_COLUMNS)]
+                rows += ["| " + " | ".join(json.dumps(str(x[c]))[1:-1].replace("|", "\\|") for c in SAMPLE_COLUMNS)
+                         + " |" for x in samples]
+                writer.add_text("samples", "\n".join(rows), m["step"])
+            for k, v in ({} if samples else m).items():
+                if isinstance(v, (int, float)) and k != "step":
+                    writer.add_scalar(k, v, m["step"])
+            writer.flush()
+        sinks.append(tensorboard)
     if cfg.wandb_project:
-        try:
-            import wandb
-        except ImportError:
-            raise ConfigError("wandb_project is set but wandb is not installed (pip install wandb)") from None
+        import wandb
         wb = wandb.init(project=cfg.wandb_project, dir=str(run_dir), config=dataclasses.asdict(cfg))
-        sinks.append(lambda m: wb.log({k: v for k, v in m.items() if k != "step"}, step=m["step"]))
+
+        def wandb_log(m: dict, samples: list | None = None) -> None:
+            if samples:
+                wb.log({"samples": wandb.Table(columns=list(SAMPLE_COLUMNS),
+                                               data=[[x[c] for c in SAMPLE_COLUMNS] for x in samples])}, step=m["step"])
+            else:
+                wb.log({k: v for k, v in m.items() if k != "step"}, step=m["step"])
+        sinks.append(wandb_log)
     return sinks
+
+
+def write_samples(run, step: int, groups, text_of) -> None:
+    """log_samples: rank 0 appends its first log_samples completions of the step to run_dir/samples.jsonl, one line
+    each: {step, prompt, completion, reward, reason, and components (reward.funcs) or error where the info has them}
+    (text_of(trajectory) -> what the model wrote), and gives them to the tensorboard / wandb sinks when on."""
+    if run.rank != 0:
+        return
+    done = [(g.row, tr, score, info) for g in groups for tr, (score, info) in zip(g.samples, g.scores)]
+    lines = [{"step": step, "prompt": row["prompt"], "completion": text_of(tr), "reward": score,
+              "reason": info.get("reason"), **{k: info[k] for k in ("components", "error") if k in info}}
+             for row, tr, score, info in done[:run.cfg.log_samples]]
+    with open(run.run_dir / "samples.jsonl", "a", encoding="utf-8") as f:
+        f.write("".join(json.dumps(x) + "\n" for x in lines))
+    for sink in run.sinks:  # tensorboard / wandb: a table of them
+        sink({"step": step}, lines)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -230,7 +261,7 @@ def report_rl(run_dir: Path, k: int, seconds: float, steps: int) -> None:
 # panels: (title, metric keys); a panel is drawn when any of its keys appears in the run
 PANELS = [
     ("training reward", ["reward"]),
-    ("SFT loss", ["sft_loss"]),
+    ("SFT loss", ["sft_loss", "eval/val_loss"]),
     ("held-out accuracy", None),  # every top-level eval/* key
     ("response length (tokens)", ["response_len", "response_len_p90", "response_len_max"]),
     ("rollout-training mismatch", ["mismatch/kl_k3", "mismatch/log_ratio_abs_mean", "mismatch/prob_diff_max"]),
@@ -252,7 +283,7 @@ def plot_run(run_dir: Path) -> Path:
     panels = []
     for title, keys in PANELS:
         if keys is None:
-            keys = sorted({k for r in rows for k in r if k.startswith("eval/") and k.count("/") == 1 and k != "eval/rows"})
+            keys = sorted({k for r in rows for k in r if k.startswith("eval/") and k.count("/") == 1 and k not in ("eval/rows", "eval/val_loss")})
         elif isinstance(keys, str):
             keys = sorted({k for r in rows for k in r if k.startswith(keys)})
         keys = [k for k in keys if any(k in r for r in rows)]

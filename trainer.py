@@ -35,24 +35,24 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from transformers import AutoTokenizer
 
 import config
 import launch
 import report
-from config import ConfigError
+from config import ConfigError, RewardConfig
 from launch import check_run_dir, complete_checkpoints, read_manifest, start_run_dir
-from data.rows import PromptSource, load_rows, tokenize_prompts, tokenize_sft
+from data.rows import PromptSource, load_rows, load_tokenizer, serving_tokenizer, tokenize_prompts, tokenize_sft
 from kernels import fused_linear_ppo_loss
 from kernels.ppo_loss import token_weights
 from model import (DUMMY, EngineGroup, Row, adapter_disabled, all_gather_list, all_max, all_sum,
                    build_model, check_lockstep, clip_grad_norm, engine_group, export_hf, init_distributed,
-                   make_optimizer, micro_batches, packed_forward, push_adapter, push_full, response_logprobs,
-                   shared_map, split_rows, sum_over_ranks, targets_of, trainable_state)
+                   make_optimizer, mean_nll, micro_batches, packed_forward, push_adapter, push_full, response_logprobs,
+                   rng_state, set_rng_state, shared_map, split_rows, sum_over_ranks, targets_of, trainable_state)
 from rewards.advantages import Overlong, accuracy_filter, grpo_advantages, rloo_advantages
 from rewards.pool import RewardPool
 from rewards.prime import Prime
 from rewards.sandbox import SandboxUnavailable, require_isolation
+from rewards.user import component_metrics, messages_of, reward_pool
 from tasks import UNTRUSTED_TASKS, env_of
 from rollout import mismatch
 from rollout.copris import CoprisScheduler, Trajectory
@@ -138,6 +138,7 @@ class Config:
     train_data: str = ""  # .jsonl or .parquet; rl rows: prompt + the task's keys, or verl's layout; sft: prompt, completion
     eval_data: str = ""  # held-out rows like train_data (per data_source metrics); "" = no evaluation
     chat_template: bool = True  # wrap prompts in the tokenizer's chat template when it has one
+    chat_template_file: str = ""  # a jinja chat template for training and the export (replaces the tokenizer's)
     run_dir: str = "runs/default"  # metrics.jsonl, config.yaml, train.log, checkpoints/, export/ and plot.png
     overwrite: bool = False  # delete an existing run in run_dir first (without it, a used run_dir is refused)
     seed: int = 0  # data order, sampling seeds, init
@@ -147,10 +148,14 @@ class Config:
     batch_groups: int = 16  # B: prompt groups per RL step over all ranks (divisible by the world size)
     temperature: float = 1.0  # sampling temperature; the loss's log-probs use the same one
     top_p: float = 1.0  # nucleus sampling (< 1 is refused with a mismatch correction or rollout old log-probs)
+    top_k: int = -1  # sample from the k likeliest tokens; -1 = off (refused like top_p < 1: docs/algorithms.md)
+    min_p: float = 0.0  # drop tokens below min_p x the likeliest one's probability; 0 = off (refused like top_k)
     steps: int = 100  # RL steps, or SFT optimizer steps when sft_epochs is 0
     lr: float = 1e-6  # AdamW learning rate (peak)
     weight_decay: float = 0.0  # AdamW weight decay
-    warmup_steps: int = 0  # linear warmup, then constant (RL) or cosine to 10% (SFT)
+    warmup_steps: int = 0  # linear warmup, then lr_schedule
+    lr_schedule: Literal["auto", "constant", "linear", "cosine"] = "auto"  # after warmup: linear / cosine decay to
+    # 10% of lr at the last step; auto = constant (RL), cosine (SFT)
     grad_clip: float = 1.0  # max global grad norm
     token_budget: int = 8192  # micro-batch size in real tokens (rows packed, no padding; a shared prompt counts once)
     mini_batches: int = 1  # optimizer steps per RL batch (1 = on-policy up to partial rollout)
@@ -168,6 +173,7 @@ class Config:
     sft_batch_rows: int = 64  # SFT rows per optimizer step over all ranks
     eval_every: int = 10  # evaluate every k RL steps (and before the first and after the last); 0 = ends only
     eval_samples: int = 4  # k sampled completions per eval prompt for mean@k / pass@k (plus one greedy)
+    log_samples: int = 0  # RL: write this many of each step's completions (rank 0's) to run_dir/samples.jsonl
     export_every: int = 0  # HF export every k steps; 0 = at the end only
     export_dtype: Literal["auto", "bfloat16", "float32"] = "auto"  # the export's weights; auto: bf16 on CUDA, else fp32
     save_every: int = 10  # resumable checkpoint every k steps, after the last one and on SIGTERM/SIGINT; 0 = not periodic
@@ -189,6 +195,7 @@ class Config:
     lora: LoraConfig = field(default_factory=LoraConfig)
     tools: ToolsConfig = field(default_factory=ToolsConfig)
     overlong: OverlongConfig = field(default_factory=OverlongConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
 
 
 class TrainingError(RuntimeError):
@@ -201,9 +208,6 @@ def load_config(argv: list[str], world: int | None = None) -> Config:
     if cfg.correction.mode != "none" and cfg.copris.old_logprob_source == "rollout":
         raise ConfigError("correction.mode needs copris.old_logprob_source: trainer (with rollout old log-probs "
                           "there is no second distribution to correct against)")
-    if cfg.top_p < 1 and (cfg.correction.mode != "none" or cfg.copris.old_logprob_source == "rollout"):
-        raise ConfigError("top_p < 1 truncates the sampler's distribution, so the engine's log-probs are not the "
-                          "trainer's full-vocabulary ones: use top_p=1 with correction.mode or rollout old log-probs")
     return cfg
 
 
@@ -296,22 +300,6 @@ class Run:
         return shared["step"]
 
 
-def rng_state(device) -> dict:
-    """This rank's random generators: torch's CPU one, Python's and, on CUDA, the device's (LoRA dropout, any
-    sampling on the GPU). vLLM's own GPU sampling needs none: every request carries its seed."""
-    state = {"torch_rng": torch.get_rng_state(), "py_rng": random.getstate()}
-    if device.type == "cuda":
-        state["cuda_rng"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def set_rng_state(state: dict, device) -> None:
-    torch.set_rng_state(state["torch_rng"])
-    random.setstate(state["py_rng"])
-    if device.type == "cuda" and "cuda_rng" in state:
-        torch.cuda.set_rng_state(state["cuda_rng"], device)
-
-
 def optimizer_step(run: Run) -> tuple[float, bool]:
     """Clip, check finite, step. -> (grad norm, applied). A non-finite grad skips the update."""
     norm = clip_grad_norm(run.policy, run.cfg.grad_clip)
@@ -342,7 +330,7 @@ def rl_step(run: Run, step: int) -> dict:
     t, mem = report.Timer(), report.MemoryPeaks(run.device)
     with t("weight_push"):  # 1. the engine samples with the current policy
         pushed = push_weights_if_stale(run)
-    version = run.policy_version
+    version, lr = run.policy_version, run.sched.get_last_lr()[0]  # the update's learning rate (lr_schedule)
     with t("rollout"):  # 2. until B/G groups are complete (and kept) on this engine; the rest waits in the buffer
         groups, rstats = run.scheduler.collect(run.engine, run.prompts.draw, version=version, keep_group=run.keep_group)
     groups = training_share(run, groups)  # B/world whole groups: the engine group's ranks train disjoint ones
@@ -375,9 +363,11 @@ def rl_step(run: Run, step: int) -> dict:
     with t("update"):  # 7. PPO over mini_batches optimizer steps; fills the old log-probs the update computed
         ustats = policy_update(run, rows)
     mem.peak("train_peak")
+    report.write_samples(run, step, groups, lambda tr: model_text(run.tok, tr)) if run.cfg.log_samples else None
     return {"step": step, "push_bytes": pushed, **step_metrics(run, version, trajs, rewards, reasons, rstats, t.s),
             **ustats, **adv_stats, **overlong, **mismatch_metrics(run, rows, trajs), **mem.metrics,
-            **{f"time/{k}": v for k, v in t.s.items()}}  # 8. metrics
+            **component_metrics(run.pool, [i for g in groups for _, i in g.scores], all_sum, run.device),
+            "lr": lr, **{f"time/{k}": v for k, v in t.s.items()}}  # 8. metrics
 
 
 def push_weights_if_stale(run: Run) -> int:
@@ -415,7 +405,8 @@ def score_groups(run: Run, groups, eg: EngineGroup | None = None) -> tuple[torch
     """Score every sample not yet scored (one pool call); -> rewards (B,) in group order, reason counts. eg: groups
     the engine group's ranks all hold (in collect): each scores 1/t of the samples, all-gathered (scored once)."""
     todo = [g for g in groups if g.scores is None]
-    flat = shared_map([(g.row, model_text(run.tok, t)) for g in todo for t in g.samples], run.pool.score, eg)
+    flat = shared_map([(g.row, model_text(run.tok, t), *([messages_of(g.row, episode_turns(run.tok, t))] if t.env else []))
+                       for g in todo for t in g.samples], run.pool.score, eg)  # an episode's messages: reward.funcs
     for i, g in enumerate(todo):
         g.scores = flat[i * len(g.samples):(i + 1) * len(g.samples)]
     reasons: dict[str, int] = {}
@@ -677,7 +668,8 @@ def evaluate(run: Run, samples_out: Path | None = None) -> dict:
     texts = [c[0] for i in range(eg.member, len(rows), eg.size) for c in completions[i]]
     turns = [c[1] for i in range(eg.member, len(rows), eg.size) for c in completions[i]]
     rows = rows[eg.member::eg.size]
-    scores = run.pool.score([(rows[i // (k + 1)], t) for i, t in enumerate(texts)])
+    scores = run.pool.score([(rows[i // (k + 1)], t, *([messages_of(rows[i // (k + 1)], turns[i])] if turns[i] else []))
+                             for i, t in enumerate(texts)])
     run.engine.sleep()
     sources = sorted({r["data_source"] for r in run.eval_rows})
     if samples_out is not None:
@@ -812,13 +804,7 @@ def setup(cfg: Config, trainable: bool = True) -> tuple[Run, Path | None]:
     random.seed(cfg.seed + rank)
     ckpt = start_run_dir(cfg, rank)
     report.setup_logging(Path(cfg.run_dir), rank)
-    try:
-        tok = AutoTokenizer.from_pretrained(cfg.model_path)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"model_path {cfg.model_path}: its tokenizer does not load ({type(e).__name__}: {e})") from None
-    if not tok("a 1", add_special_tokens=False)["input_ids"] or tok.eos_token_id is None:
-        raise ConfigError(f"model_path {cfg.model_path}: its tokenizer does not load (it encodes nothing or has no "
-                          f"eos token: tokenizer.json / tokenizer_config.json missing?)")
+    tok = load_tokenizer(cfg.model_path, cfg.chat_template_file)
     run = Run(cfg, rank, world, device, Path(cfg.run_dir), tok, eg=engine_group(cfg.engine.tensor_parallel_size, cfg.dist_timeout_s),
               sinks=report.metric_sinks(cfg, Path(cfg.run_dir)) if rank == 0 else [])
     if trainable:
@@ -842,7 +828,8 @@ def start_engine(run: Run):
                       dtype="bfloat16" if run.device.type == "cuda" else "float32",
                       gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
                       max_num_seqs=cfg.engine.max_num_seqs, enforce_eager=cfg.engine.enforce_eager,
-                      lora_rank=cfg.lora.rank, tensor_parallel_size=cfg.engine.tensor_parallel_size)
+                      lora_rank=cfg.lora.rank, tensor_parallel_size=cfg.engine.tensor_parallel_size, top_k=cfg.top_k,
+                      min_p=cfg.min_p)
     try:
         with report.native_stderr_to(run.run_dir / report.LOG_NAME):  # vLLM's C++ warnings: the log, not the console
             engine = RolloutEngine(spec, distributed=True)
@@ -898,7 +885,8 @@ def export(run: Run) -> None:
     """The policy as an HF folder in run_dir/export (model.export_hf), in export_dtype."""
     dtype = {"auto": torch.bfloat16 if run.device.type == "cuda" else torch.float32, "bfloat16": torch.bfloat16,
              "float32": torch.float32}[run.cfg.export_dtype]
-    export_hf(run.policy, run.tok, run.run_dir / "export", run.cfg.lora.export_merged, dtype)
+    export_hf(run.policy, serving_tokenizer(run.tok, run.cfg.chat_template), run.run_dir / "export",
+              run.cfg.lora.export_merged, dtype)
 
 
 def start_episodes(run: Run, rows: list[dict]) -> Episodes | None:
@@ -959,7 +947,7 @@ def train_rl(cfg: Config) -> None:
     o = cfg.overlong
     run.overlong = Overlong(cfg.max_response_len, o.buffer, o.filter, every_rank) if o.buffer or o.filter else None
     run.episodes = start_episodes(run, rows + run.eval_rows)
-    run.pool, run.engine = RewardPool(cfg.reward_workers, cfg.reward_timeout_s), start_engine(run)
+    run.pool, run.engine = reward_pool(cfg), start_engine(run)
     run.scheduler = CoprisScheduler(
         n=cfg.n_samples, groups=cfg.batch_groups // run.eg.count, concurrency=cfg.copris.concurrency,
         max_response_len=cfg.max_response_len, temperature=cfg.temperature, top_p=cfg.top_p,
@@ -995,9 +983,8 @@ def sft_step(run: Run, step: int) -> dict:
         loss = -(logp * keep).sum() * run.world / tokens
         loss.backward()
         loss_sum += loss.item() / run.world
-    norm, _ = optimizer_step(run)
-    return {"step": step, "sft_loss": all_sum([loss_sum], run.device)[0], "grad_norm": norm,
-            "lr": run.sched.get_last_lr()[0]}
+    lr, (norm, _) = run.sched.get_last_lr()[0], optimizer_step(run)  # the lr this step used
+    return {"step": step, "sft_loss": all_sum([loss_sum], run.device)[0], "grad_norm": norm, "lr": lr}
 
 
 def train_sft(cfg: Config) -> None:
@@ -1014,14 +1001,21 @@ def train_sft(cfg: Config) -> None:
         observation = lambda text: obs.ids(text)[0]  # noqa: E731
     run.sft_data, skipped = tokenize_sft(rows, run.tok, cfg.max_prompt_len, cfg.max_response_len, cfg.chat_template,
                                          observation)
+    held_out = [Row(p, c, mask=None if m is None else torch.tensor(m)) for p, c, m in tokenize_sft(
+        load_rows(cfg.eval_data, "sft"), run.tok, cfg.max_prompt_len, cfg.max_response_len, cfg.chat_template,
+        observation)[0][run.rank::run.world]] if cfg.eval_data else []
     counts = data_counts(run, "train", len(rows), skipped, "prompt or completion over max_prompt_len/max_response_len")
     if cfg.sft_batch_rows < run.world or len(run.sft_data) < cfg.sft_batch_rows:
         raise ConfigError(f"sft_batch_rows={cfg.sft_batch_rows} needs >= {run.world} and <= {len(run.sft_data)} usable rows")
     steps = cfg.sft_epochs * (len(run.sft_data) // cfg.sft_batch_rows) if cfg.sft_epochs else cfg.steps
     run.optim, run.sched = make_optimizer(cfg, run.policy, steps)
     run.sft_gen.manual_seed(cfg.seed)
-    start = resume_or_start(run, ckpt, lambda: counts)
-    seconds = train_loop(run, start, steps, sft_step, "sft")
+
+    def validation(step: int) -> dict:  # eval_data's loss before the first step, every eval_every and after the last
+        due = cfg.eval_data and (step == 0 or (cfg.eval_every and step % cfg.eval_every == 0) or step == steps)
+        return {"eval/val_loss": mean_nll(run.policy, held_out, run.device, cfg.token_budget)} if due else {}
+    start = resume_or_start(run, ckpt, lambda: {**counts, **validation(0)})
+    seconds = train_loop(run, start, steps, sft_step, "sft", validation)
     if run.rank == 0 and seconds is not None:
         print(f"sft: {steps - start} steps in {seconds:.0f} s; export: {run.run_dir / 'export'}")
 
@@ -1035,7 +1029,7 @@ def run_eval(cfg: Config) -> None:
     run.eval_rows, skipped = tokenize_prompts(rows, run.tok, cfg.max_prompt_len, cfg.chat_template)
     counts = data_counts(run, "eval", len(rows), skipped, f"prompt over max_prompt_len={cfg.max_prompt_len}")
     run.episodes = start_episodes(run, run.eval_rows)
-    run.pool, run.engine = RewardPool(cfg.reward_workers, cfg.reward_timeout_s), start_engine(run)
+    run.pool, run.engine = reward_pool(cfg), start_engine(run)
     try:
         metrics = {**evaluate(run, samples_out=run.run_dir / "eval_samples.jsonl"), **counts}
         if run.rank == 0:
@@ -1051,7 +1045,7 @@ def preflight(argv: list[str], world: int) -> None:
     cfg = load_config(argv, world)
     check_run_dir(cfg, world)
     for path in ([cfg.train_data] if cfg.mode != "eval" else []) + ([cfg.eval_data] if cfg.eval_data else []):
-        rows = load_rows(path, "sft" if cfg.mode == "sft" and path == cfg.train_data else "rl")
+        rows = load_rows(path, "sft" if cfg.mode == "sft" else "rl")
         check_sandbox(cfg, rows if cfg.mode != "sft" else [])
 
 

@@ -7,7 +7,9 @@
 Anything malformed (bad UTF-8, bad JSON, a missing key, an unknown task, a chat template that fails) is a
 ConfigError naming file:row and the problem. Rows too long for the limits are skipped and counted, never an error.
 """
+import copy
 import json
+from pathlib import Path
 
 import torch
 
@@ -92,6 +94,37 @@ def prompt_text(row: dict, tok, chat_template: bool) -> str:
         except Exception as e:  # jinja's TemplateError and friends: the row's messages don't fit the template
             raise ConfigError(f"{row['_where']}: the chat template failed on this prompt ({type(e).__name__}: {e})") from None
     return prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
+
+
+def load_tokenizer(model_path: str, chat_template_file: str = ""):
+    """model_path's tokenizer, with chat_template_file's template in place of its own when given (training,
+    evaluation and the export then all use it); one that does not load or encodes nothing is a ConfigError."""
+    from transformers import AutoTokenizer
+    try:
+        tok = AutoTokenizer.from_pretrained(model_path)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"model_path {model_path}: its tokenizer does not load ({type(e).__name__}: {e})") from None
+    if chat_template_file:
+        tok.chat_template = Path(chat_template_file).read_text(encoding="utf-8")
+    if not tok("a 1", add_special_tokens=False)["input_ids"] or tok.eos_token_id is None:
+        raise ConfigError(f"model_path {model_path}: its tokenizer does not load (it encodes nothing or has no "
+                          f"eos token: tokenizer.json / tokenizer_config.json missing?)")
+    return tok
+
+
+PLAIN_TEMPLATE = Path(__file__).resolve().parents[1] / "rollout" / "plain_tools.jinja"
+
+
+def serving_tokenizer(tok, chat_template: bool):
+    """The tokenizer an export is saved with, so that `vllm serve` answers chat requests without --chat-template:
+    `tok` when training rendered prompts with its chat template (the tokenizer's own or chat_template_file), else a
+    copy carrying rollout/plain_tools.jinja, which lays a conversation out as training did without a template (the
+    prompt as is; tool calls and answers in the plain-text form of rollout/environments.py)."""
+    if chat_template and getattr(tok, "chat_template", None):
+        return tok
+    plain = copy.copy(tok)
+    plain.chat_template = PLAIN_TEMPLATE.read_text(encoding="utf-8")
+    return plain
 
 
 def tokenize_prompts(rows: list[dict], tok, max_len: int, chat_template: bool) -> tuple[list[dict], int]:

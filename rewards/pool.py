@@ -229,7 +229,8 @@ class RewardPool:
             self.close()
             raise WorkerStartError(f"{MAX_START_FAILURES} reward/tool workers in a row died or took over "
                                    f"{self.startup_s:g} s to start or to import what a job needs ({self.fn.__module__}."
-                                   f"{self.fn.__qualname__}): check that module imports in a fresh process")
+                                   f"{getattr(self.fn, '__qualname__', type(self.fn).__qualname__)}): check that "
+                                   f"module imports in a fresh process")
 
     def _finish(self, ticket: int, out) -> None:
         if ticket in self.dropped:

@@ -64,6 +64,8 @@ class EngineConfig:
     enforce_eager: bool = True
     lora_rank: int = 0  # > 0: the policy arrives as LoRA adapters of this rank (load_adapter)
     tensor_parallel_size: int = 1
+    top_k: int = -1  # every sampled request (temperature > 0) keeps only its k likeliest tokens; -1 = off
+    min_p: float = 0.0  # ... and drops tokens below min_p x the likeliest one's probability; 0 = off
     extra: dict = field(default_factory=dict)  # forwarded to vllm.LLM
 
 
@@ -72,6 +74,7 @@ class RolloutEngine:
 
     def __init__(self, cfg: EngineConfig, distributed: bool):
         self.on_cuda = torch.cuda.is_available()
+        self.top_k, self.min_p = cfg.top_k, cfg.min_p
         kwargs = dict(model=cfg.model_path, tokenizer=cfg.model_path, dtype=cfg.dtype, seed=cfg.seed,
                       max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs,
                       enforce_eager=cfg.enforce_eager, logprobs_mode="processed_logprobs",
@@ -105,12 +108,13 @@ class RolloutEngine:
         self.push_checked = False  # True once a push has loaded every engine parameter (checked on the first)
 
     # -- requests ---------------------------------------------------------------------------
-    @staticmethod
-    def sampling(max_tokens: int, temperature: float, top_p: float, seed: int | None,
+    def sampling(self, max_tokens: int, temperature: float, top_p: float, seed: int | None,
                  stop_token_ids: list[int], ignore_eos: bool = False) -> SamplingParams:
         """Per-request params: one sample, its own seed (same tokens whatever the batch),
-        the sampled token's log-prob, DELTA outputs."""
+        the sampled token's log-prob, DELTA outputs; the engine's top_k / min_p when sampling (temperature > 0)."""
+        sampled = temperature > 0
         return SamplingParams(n=1, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                              top_k=self.top_k if sampled else -1, min_p=self.min_p if sampled else 0.0,
                               seed=seed, logprobs=0, output_kind=RequestOutputKind.DELTA,
                               stop_token_ids=stop_token_ids, ignore_eos=ignore_eos, detokenize=False)
 

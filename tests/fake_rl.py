@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM
 
 import model
 import trainer
+from rewards.user import UserReward, parse
 from rollout.copris import Delta
 
 VOCAB_LO, VOCAB_SPAN = 5, 300  # fake tokens: ids 5..304 of the tiny model's 400
@@ -93,13 +94,14 @@ class FakeEngine:
 
 
 class FakePool:
-    """RewardPool: a completion's reward is crc32(text) % 4 / 3; every call's scores are kept in `calls`."""
+    """RewardPool: a completion's reward is crc32(text) % 4 / 3, or with reward.funcs (fn: rewards.user.UserReward)
+    fn's, run here; every call's scores are kept in `calls`."""
 
-    def __init__(self, *args):
-        self.calls = []
+    def __init__(self, fn=None):
+        self.calls, self.fn = [], fn
 
     def score(self, jobs):
-        out = [(zlib.crc32(text.encode()) % 4 / 3, {"reason": "ok"}) for _, text in jobs]
+        out = [self.fn(*job) if self.fn else (zlib.crc32(job[1].encode()) % 4 / 3, {"reason": "ok"}) for job in jobs]
         self.calls.append(out)
         return out
 
@@ -200,7 +202,8 @@ def train(argv: list[str], state: bool = False) -> Result:
     """trainer.train_rl / train_sft (the config's mode) on `argv` with the fakes, recording every update; state:
     record the saved and restored states too (else checkpoints are not written)."""
     cfg = trainer.load_config(argv, world=1)
-    res = Result(cfg, FakeEngine(), FakePool())
+    user = cfg.reward.funcs and UserReward(parse(cfg.reward.funcs, cfg.reward.weights))
+    res = Result(cfg, FakeEngine(), FakePool(user or None))
     real_update, real_save, real_resume = trainer.policy_update, trainer.save_checkpoint, trainer.resume_or_start
 
     def policy_update(run, rows):
@@ -236,7 +239,7 @@ def train(argv: list[str], state: bool = False) -> Result:
             return groups, stats
 
     patches = {"init_distributed": lambda timeout: (0, 1, torch.device("cpu")), "start_engine": lambda run: res.engine,
-               "RewardPool": lambda *a: res.pool, "export": lambda run: None, "policy_update": policy_update,
+               "reward_pool": lambda cfg: res.pool, "export": lambda run: None, "policy_update": policy_update,
                "save_checkpoint": save_checkpoint if state else lambda run, step: None,
                "resume_or_start": resume_or_start, "CoprisScheduler": Scheduler,
                "log": lambda run, m: res.metrics.append(m)}

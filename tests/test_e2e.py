@@ -80,15 +80,30 @@ def test_export_holds_the_trained_weights(sft_then_rl):
     assert all(torch.isfinite(v).all() for v in model.parameters())
 
 
+def documented_chat_request() -> dict:
+    """docs/eval.md's chat request body (the last curl block of the page)."""
+    import re
+    block = (ROOT / "docs" / "eval.md").read_text().split("/v1/chat/completions")[-1]
+    return json.loads(re.search(r"-d '(.*?)'", block, re.S).group(1))
+
+
 def test_export_serves_completions_over_the_openai_api(sft_then_rl):
+    """Completions, and docs/eval.md's chat request without --chat-template: the export carries a template that lays
+    the user's message out as training did, so the greedy chat reply is the greedy completion of the same prompt."""
     from helpers import openai_server, post
     out, _ = sft_then_rl
     export = str(out / "rl" / "export")
+    chat = {**documented_chat_request(), "model": export}
     with openai_server([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", export,
                         "--max-model-len", "256", "--gpu-memory-utilization", "0.1"]) as url:
         reply = post(f"{url}/v1/completions", {"model": export, "prompt": "Ann has 3 apples.", "max_tokens": 8,
                                                "temperature": 0}, timeout=60)
+        said = post(f"{url}/v1/chat/completions", chat, timeout=60)
+        plain = post(f"{url}/v1/completions", {"model": export, "prompt": chat["messages"][0]["content"],
+                                               "max_tokens": chat["max_tokens"], "temperature": 0}, timeout=60)
     assert reply["choices"][0]["finish_reason"] in ("length", "stop") and reply["usage"]["completion_tokens"] >= 1
+    assert said["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"], (said, plain)
+    assert said["choices"][0]["message"]["content"] == plain["choices"][0]["text"], (said, plain)
 
 
 def test_tensor_parallel_rl_matches_one_rank(tiny, tmp_path):

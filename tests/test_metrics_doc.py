@@ -21,6 +21,7 @@ def documented() -> set[str]:
 def as_documented(key: str) -> str:
     """A logged key as the page writes it: @4 -> @k, eval/<a data source>/x -> eval/<source>/x."""
     key = re.sub(r"@\d+$", "@k", key)
+    key = re.sub(r"^reward/.+$", "reward/<function>", key)
     return re.sub(r"^eval/[^/]+/(greedy_acc|mean@k|pass@k)$", r"eval/<source>/\1", key)
 
 
@@ -40,16 +41,17 @@ def test_the_page_names_exactly_the_keys_runs_write(world_of_one, tiny, tiny_too
     runs = {"grpo": ("--steps=2", "--eval_every=1", f"--eval_data={two_sources}", "--eval_samples=2",
                      "--correction.mode=token_mask"),
             "prime": ("--prime.enabled=true", "--prime.filter_low=0", "--prime.filter_high=1"),
-            "overlong": ("--overlong.buffer=4",),
+            "overlong": ("--overlong.buffer=4", "--reward.funcs=rewards/example_reward_funcs.py:boxed_answer,"
+                         "rewards/example_reward_funcs.py:digit_share", "--reward.weights=1,0.5"),
             "tools": tools,
             "sft": ("--mode=sft", f"--train_data={data / 'sft.jsonl'}", "--sft_epochs=0", "--sft_batch_rows=16",
-                    "--max_response_len=96")}
+                    "--max_response_len=96", f"--eval_data={data / 'sft.jsonl'}")}
     logged = {}
     for name, extra in runs.items():
         for line in train(run_args(tiny, tmp_path / name, *extra)).metrics:
             logged.update(dict.fromkeys(line, name))
     for needle in ("eval/a/pass@2", "correction/weight_mean", "prm_acc", "overlong/penalty_mean", "tools/call_rate", "eval/tool_call_rate",
-                   "sft_loss", "data/eval_rows"):
+                   "sft_loss", "data/eval_rows", "reward/digit_share", "eval/val_loss"):
         assert needle in logged, f"the runs no longer log {needle}: the check would miss its kind"
     missing = {k: run for k, run in logged.items() if as_documented(k) not in documented()}
     assert not missing, f"keys runs write that docs/metrics.md does not name: {missing}"

@@ -1,0 +1,129 @@
+"""Reward functions from the user's file (reward.funcs, rewards/user.py): the weighted sum and its components, the
+contract (row, completion[, messages]) -> float | (float, info), errors named per sample and never the run's end,
+start-up errors as one line; and a short RL run on the tiny model's demo task with docs/data.md's example file
+(two weighted functions plus one that raises on some samples): every logged sample's reward is the weighted sum
+of its components, the failing samples carry reason reward_error naming the function, the run ends normally with
+reward/<function>, lr (linear schedule) and samples.jsonl, and its export serves chat without flags (chat template)."""
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from helpers import ENV, ROOT, metrics, rl_args, trainer_cmd
+from rewards.user import SpecError, UserReward, messages_of, parse
+
+EXAMPLE = "rewards/example_reward_funcs.py"
+ROW = {"prompt": "Eli has 5 books. Eli loses 2. How many books now? Answer:", "task": "math", "answer": "3"}
+
+
+def user_file(tmp_path, body: str, name: str = "mine.py") -> str:
+    path = tmp_path / name
+    path.write_text(body)
+    return str(path)
+
+
+def test_weighted_sum_and_components():
+    u = UserReward(parse([f"{EXAMPLE}:boxed_answer", f"{EXAMPLE}:digit_share"], [1.0, 0.5]))
+    score, info = u(ROW, "5-2=3 \\boxed{3}")
+    digits = 4 / 14  # 5, 2, 3, 3 of the 14 non-space characters
+    assert info["components"] == {"boxed_answer": 1.0, "digit_share": pytest.approx(digits)}
+    assert score == pytest.approx(1.0 + 0.5 * digits) and info["reason"] == "ok"
+    assert u(ROW, "\\boxed{4}")[0] == pytest.approx(0.5 * 1 / 9)
+
+
+def test_the_rows_task_is_a_component_and_keeps_its_reason():
+    u = UserReward(parse(["task", f"{EXAMPLE}:digit_share"], [2.0, 1.0]))
+    assert u(ROW, "\\boxed{3}")[0] == pytest.approx(2.0 + 1 / 9)
+    score, info = u(ROW, "no box here")
+    assert score == 0.0 and info["reason"] != "ok" and info["components"]["task"] == 0.0
+
+
+def test_messages_reach_a_three_argument_function(tmp_path):
+    path = user_file(tmp_path, "def turns(row, completion, messages):\n"
+                               "    return (len(messages or []), {'roles': [m['role'] for m in messages or []]})\n")
+    u = UserReward(parse([f"{path}:turns"], []))
+    msgs = messages_of(ROW, [{"role": "model", "text": "<tool_call>..."}, {"role": "tool", "text": "3"},
+                             {"role": "model", "text": "\\boxed{3}"}])
+    assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "assistant"]
+    assert msgs[0]["content"] == ROW["prompt"]
+    assert u(ROW, "x", msgs) == (4.0, {"reason": "ok", "components": {"turns": 4.0}})
+    assert u(ROW, "x")[0] == 0.0  # a single-turn row: messages is None
+
+
+@pytest.mark.parametrize("body, error", [
+    ("def f(row, completion):\n    return 1 / 0\n", "mine.py:f: ZeroDivisionError"),
+    ("def f(row, completion):\n    return float('nan')\n", "mine.py:f returned nan"),
+    ("def f(row, completion):\n    return 'high'\n", "mine.py:f returned 'high'"),
+    ("def f(row, completion):\n    return (1.0, 2.0)\n", "mine.py:f returned (1.0, 2.0)"),
+    ("def f(row, completion):\n    return True\n", "mine.py:f returned True"),
+])
+def test_a_failing_function_is_that_samples_reward_error(tmp_path, body, error):
+    u = UserReward(parse([f"{user_file(tmp_path, body)}:f", f"{EXAMPLE}:digit_share"], [1.0, 1.0]))
+    score, info = u(ROW, "123")
+    assert score == 0.0 and info["reason"] == "reward_error" and error in info["error"], info
+
+
+@pytest.mark.parametrize("funcs, weights, said", [
+    (["nothere.py:f"], [], "no such file nothere.py"),
+    (["rewards/example_reward_funcs.py"], [], "expected file.py:function"),
+    ([f"{EXAMPLE}:missing"], [], "has no function 'missing'"),
+    ([f"{EXAMPLE}:boxed_answer"], [1.0, 2.0], "2 values for 1 reward.funcs"),
+    ([f"{EXAMPLE}:boxed_answer"], [math.inf], "finite"),
+])
+def test_unusable_entries_are_refused_at_start(funcs, weights, said):
+    with pytest.raises(SpecError, match=said):
+        parse(funcs, weights)
+
+
+def test_wrong_arity_and_import_errors_are_refused(tmp_path):
+    one_argument, bad_import = "def f(x):\n    return 1.0\n", "import not_a_package_here\n"
+    with pytest.raises(SpecError, match="takes 1 arguments"):
+        parse([user_file(tmp_path, one_argument) + ":f"], [])
+    with pytest.raises(SpecError, match="ModuleNotFoundError"):
+        parse([user_file(tmp_path, bad_import, "other.py") + ":f"], [])
+
+
+def test_a_bad_entry_is_one_line_and_exit_2(tiny, tmp_path):
+    p = subprocess.run(trainer_cmd(2, *rl_args(tiny, tmp_path / "run"), "--reward.funcs=rewards/nope.py:f"),
+                       cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2, p.stderr[-2000:]
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    assert lines == ["config error: reward.funcs entry 'rewards/nope.py:f': no such file rewards/nope.py"], lines
+
+
+FLAKY = "def flaky(row, completion):\n    if len(completion) % 3 == 0:\n        raise ValueError('a third fail')\n" \
+        "    return 0.0\n"
+
+
+def test_user_reward_file_trains_the_demo_task(tiny, tmp_path):
+    """2 ranks, 3 steps of GRPO on the demo's arithmetic rows with the example's two weighted functions and a third
+    that raises on about a third of the samples."""
+    flaky = user_file(tmp_path, FLAKY)
+    run_dir = tmp_path / "run"
+    p = subprocess.run(trainer_cmd(2, *rl_args(tiny, run_dir, "--steps=3", "--save_every=0", "--log_samples=100",
+                                               "--lr_schedule=linear", "--warmup_steps=1",
+                                               f"--reward.funcs={EXAMPLE}:boxed_answer,{EXAMPLE}:digit_share,"
+                                               f"{flaky}:flaky", "--reward.weights=1,0.5,1")),
+                       cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    steps = metrics(run_dir)[1:]
+    assert [m["step"] for m in steps] == [1, 2, 3]
+    for m in steps:
+        assert {"reward/boxed_answer", "reward/digit_share", "reward/flaky"} <= set(m), sorted(m)
+        assert 0 < m["reward_errors"] < 16, m["reward_errors"]  # 16 samples a step over both ranks
+        assert m["reward/digit_share"] > 0
+    # lr: warm-up step, then linear from the peak (1e-3) to 10% at the end: 3 steps -> 1e-3, 1e-3, 0.55e-3
+    assert [m["lr"] for m in steps] == pytest.approx([1e-3, 1e-3, 0.55e-3])
+    samples = [json.loads(line) for line in open(run_dir / "samples.jsonl")]
+    assert {s["step"] for s in samples} == {1, 2, 3} and len(samples) == 3 * 8  # rank 0's 8 samples a step
+    failed = [s for s in samples if s["reason"] == "reward_error"]
+    assert failed and all("flaky: ValueError: a third fail" in s["error"] and s["reward"] == 0 for s in failed)
+    for s in samples:
+        assert isinstance(s["prompt"], str) and (len(s["completion"]) % 3 == 0) == (s in failed)
+        if s not in failed:
+            c = s["components"]
+            assert s["reward"] == pytest.approx(c["boxed_answer"] + 0.5 * c["digit_share"] + c["flaky"])
+    template = (run_dir / "export" / "chat_template.jinja").read_text()
+    assert template == (ROOT / "rollout" / "plain_tools.jinja").read_text()  # the tiny model has no template
