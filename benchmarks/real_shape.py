@@ -11,9 +11,9 @@ resident memory. A table, then one JSON line last.
 Pieces (each writes OUT/<piece>/): build (arithmetic data, BPE of 1024 tokens, the random model), sft (1 process,
 --sft_steps steps of --sft_rows rows), rl2 (2 ranks from the SFT export: --rl_steps GRPO steps, a checkpoint after
 each), resume (2 ranks from rl2's checkpoint of step rl_steps - 1: its last step must equal rl2's, every metric but
-wall-clock ones), rl1 (1 process, 2 steps), serve (vLLM's OpenAI server on rl2's export, one completion). Sizes: 2
-groups of 2 samples per step (one group per rank), responses up to 24 tokens, CoPRIS concurrency 3 per engine (a
-partial rollout is buffered every step), prompts up to 96 tokens.
+wall-clock ones; grad_norm > 0 there shows the weights moved), rl1 (1 process, 2 steps), serve (vLLM's OpenAI server
+on rl2's export, one completion). Sizes: 2 groups of 2 samples per step (one group per rank), responses up to 24
+tokens, CoPRIS concurrency 3 per engine (a partial rollout is buffered every step), prompts up to 96 tokens.
 
 How a phase is measured: the trainer runs in this script's process (worker mode, one per rank), with these trainer
 functions wrapped (PHASES): each call's wall seconds and its peak RSS (VmHWM reset to the current RSS at entry
@@ -113,7 +113,9 @@ def rl_args(a, out: Path, run_dir: str, steps: int, *extra) -> list[str]:
             f"--train_data={out / 'build' / 'data' / 'rl_train.jsonl'}", "--eval_data=", f"--run_dir={run_dir}",
             "--overwrite=true", f"--steps={steps}", "--batch_groups=2", "--n_samples=2", "--copris.concurrency=3",
             f"--max_response_len={a.max_response_len}", "--max_prompt_len=96", "--save_every=1",
-            "--keep_checkpoints=4", "--lr=1e-5", "--token_budget=4096", "--engine.max_num_seqs=8", *extra]
+            "--keep_checkpoints=4", "--lr=1e-5", "--token_budget=4096", "--engine.max_num_seqs=8",
+            "--entropy_coef=0.05", *extra]  # the entropy bonus moves the weights every step (a random model earns
+    # no reward: GRPO's advantages alone are 0, and a resume that restores nothing would look identical)
 
 
 def piece_build(a, out: Path) -> dict:
@@ -150,7 +152,8 @@ def piece_resume(a, out: Path) -> dict:
     from helpers import metrics
     want, got = metrics(out / "rl2" / "run")[-1], metrics(out / "resume" / "run")[-1]
     diff = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
-    return {**collect(out / "resume"), "identical": not diff, "differs": diff, "step": got["step"]}
+    return {**collect(out / "resume"), "identical": not diff, "differs": diff, "step": got["step"],
+            "grad_norm": got["grad_norm"]}
 
 
 def piece_rl1(a, out: Path) -> dict:
@@ -161,7 +164,7 @@ def piece_rl1(a, out: Path) -> dict:
 def piece_serve(a, out: Path) -> dict:
     """vLLM's OpenAI server (module form, as docs/eval.md serves an export) on rl2's export: start-up, one
     completion, the server tree's peak RSS."""
-    from helpers import descendants, openai_server, post
+    from helpers import openai_server, post
     export = out / "rl2" / "run" / "export"
     t0 = time.perf_counter()
     with openai_server([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(export),
@@ -171,13 +174,14 @@ def piece_serve(a, out: Path) -> dict:
         reply = post(f"{url}/v1/completions", {"model": str(export), "prompt": "What is 12 + 7?", "max_tokens": 16,
                                                "temperature": 0})
         request = time.perf_counter() - t1
-        peak = server_peak_rss(descendants)
+        peak = server_peak_rss()
     return {"startup_s": up, "request_s": request, "completion_tokens": reply["usage"]["completion_tokens"],
             "text": reply["choices"][0]["text"], "peak_rss_gb": peak}
 
 
-def server_peak_rss(descendants) -> float:
-    """The largest VmHWM among vllm api_server processes this user runs (the server and its engine child), GiB."""
+def server_peak_rss() -> float:
+    """The largest VmHWM among vLLM api_server processes (the server and its engine child), GiB."""
+    from helpers import descendants
     best = 0
     for pid in os.listdir("/proc"):
         if pid.isdigit():
@@ -189,8 +193,8 @@ def server_peak_rss(descendants) -> float:
 
 def collect(d: Path) -> dict:
     ranks = [json.loads(f.read_text()) for f in sorted(d.glob("phases_rank*.json"))]
-    steps = [json.loads(line) for line in open(d / "run" / "metrics.jsonl")] if (d / "run" / "metrics.jsonl").exists() else []
-    return {"ranks": ranks, "metrics": steps}
+    m = d / "run" / "metrics.jsonl"
+    return {"ranks": ranks, "metrics": [json.loads(line) for line in open(m)] if m.exists() else []}
 
 
 def report(out: Path, a) -> dict:

@@ -83,10 +83,10 @@ def build_model_folder(out: Path, texts: list[str], vocab_size: int = 512, hidde
                        layers: int = 4, heads: int = 2, max_len: int = 512, seed: int = 0, tools: bool = False,
                        tied: bool = False, shape: str | dict | None = None) -> None:
     """Write tokenizer files and a random-init Qwen2ForCausalLM as safetensors into `out`. shape: a name of SHAPES
-    or a dict of their keys (hidden, layers, heads, tied ignored: the shape's), else make demo's stand-in of that hidden size, layers and heads
-    (intermediate 4 * hidden, head_dim = hidden / heads = 64: vLLM's CPU attention needs 64 there). tools: with the
-    tool-call tokens (train_tokenizer); tied: lm_head shares the embedding (tie_word_embeddings, as Qwen2.5-0.5B..3B
-    and Llama-3.2-1B/3B do)."""
+    or a dict of their keys (hidden, layers, heads, tied ignored: the shape's), else make demo's stand-in of that
+    hidden size, layers and heads (intermediate 4 * hidden, head_dim = hidden / heads = 64: vLLM's CPU attention
+    needs 64 there). tools: with the tool-call tokens (train_tokenizer); tied: lm_head shares the embedding
+    (tie_word_embeddings, as Qwen2.5-0.5B..3B and Llama-3.2-1B/3B do)."""
     if shape is None and hidden // heads != 64:
         raise ValueError(f"head_dim must be 64 for vLLM's CPU attention, got {hidden}/{heads}")
     out.mkdir(parents=True, exist_ok=True)
@@ -112,7 +112,7 @@ if __name__ == "__main__":
     ap.add_argument("--tools", action="store_true", help="add the tool-call tokens (multi-turn episodes)")
     ap.add_argument("--tied", action="store_true", help="tie lm_head to the embedding (tie_word_embeddings)")
     ap.add_argument("--shape", choices=sorted(set(SHAPES) - {"demo"}),
-                    help="a real architecture (random weights, the real vocabulary size); --hidden/--layers/--tied unused")
+                    help="a real architecture (random weights, the real vocabulary); --hidden/--layers/--tied unused")
     ap.add_argument("--max-len", type=int, default=512, help="max_position_embeddings and model_max_length")
     a = ap.parse_args()
     rows = [json.loads(line) for line in open(a.corpus)]
