@@ -35,6 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+from data.tiny_model import SHAPES  # noqa: E402
 
 # trainer function -> phase (rollout: CoprisScheduler.collect). None of them calls another.
 PHASES = {"build_model": "build", "start_engine": "engine_start", "push_weights_if_stale": "push",
@@ -44,6 +45,13 @@ PHASES = {"build_model": "build", "start_engine": "engine_start", "push_weights_
 ORDER = ["build", "engine_start", "push", "rollout", "reward", "old_logprobs", "update", "sft_step",
          "checkpoint_save", "checkpoint_load", "export"]
 PIECES = ["build", "sft", "rl2", "resume", "rl1", "serve"]
+# The scaling table's smaller models (docs/speed.md): make demo's stand-in (its vocabulary: the BPE's 1024), then two
+# of Qwen2.5's vocabulary, tied, head_dim 64, where the vocabulary is most of the parameters.
+SCALING = {"demo": "demo",
+           "43m": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                       intermediate_size=1024, vocab_size=151936, tie_word_embeddings=True),
+           "118m": dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
+                        intermediate_size=2816, vocab_size=151936, tie_word_embeddings=True)}
 
 
 def rss(field: str = "VmRSS", pid: str = "self") -> int:
@@ -126,9 +134,10 @@ def piece_build(a, out: Path) -> dict:
     t0 = time.perf_counter()
     write_demo_data(d / "data", n_train=400, n_sft=2000, n_eval=16, seed=0)
     rows = [json.loads(line) for line in open(d / "data" / "sft.jsonl")]
-    build_model_folder(d / "model", [r["prompt"] + r["completion"] for r in rows], vocab_size=1024, shape=a.shape)
+    arch = SCALING.get(a.shape, a.shape)
+    build_model_folder(d / "model", [r["prompt"] + r["completion"] for r in rows], vocab_size=1024, shape=arch)
     return {"s": time.perf_counter() - t0, "peak_rss_gb": rss("VmHWM") / 2**30,
-            "parameters": parameter_count(shape_config(a.shape, 1024)),
+            "parameters": parameter_count(shape_config(arch, 1024)),
             "model_bytes": sum(f.stat().st_size for f in (d / "model").iterdir())}
 
 
@@ -226,7 +235,8 @@ def main() -> int:
         worker(Path(sys.argv[2]), sys.argv[4:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "real_shape")
-    ap.add_argument("--shape", default="qwen2.5-0.5b")
+    ap.add_argument("--shape", default="qwen2.5-0.5b", choices=sorted(set(SHAPES) - {"demo"} | set(SCALING)),
+                    help="a real architecture (data/tiny_model.py's SHAPES) or a smaller one of the scaling table")
     ap.add_argument("--pieces", nargs="+", default=PIECES + ["report"], choices=PIECES + ["report"])
     ap.add_argument("--sft_steps", type=int, default=3)
     ap.add_argument("--sft_rows", type=int, default=4)
