@@ -7,6 +7,8 @@ resident memory. A table, then one JSON line last.
     python benchmarks/real_shape.py                       # every piece, in order (make real-shape)
     python benchmarks/real_shape.py --pieces build sft    # some pieces (each under 10 min here); report reads all
     python benchmarks/real_shape.py --pieces report       # the table from the pieces run so far
+    python benchmarks/real_shape.py --shape 43m --out runs/real_shape/scale_43m --pieces build sft rl1 --sft_steps 1
+    python benchmarks/real_shape.py --pieces scaling      # OUT and OUT/scale_*: the scaling table and its plot
 
 Pieces (each writes OUT/<piece>/): build (arithmetic data, BPE of 1024 tokens, the random model), sft (1 process,
 --sft_steps steps of --sft_rows rows), rl2 (2 ranks from the SFT export: --rl_steps GRPO steps, a checkpoint after
@@ -230,6 +232,48 @@ def report(out: Path, a) -> dict:
     return line
 
 
+STEP_PHASES = ("weight_push", "rollout", "reward", "old_logprobs", "update")
+
+
+def scaling(out: Path, plot: Path) -> list[dict]:
+    """The rl1 piece of OUT and of every OUT/scale_*: per model size, step 2's seconds by phase (its time/* figures;
+    step 1 holds first-call allocations), the step's seconds (their sum: the checkpoint after it not included) and
+    the process's peak RSS; a plot of both."""
+    rows = []
+    for d in [out, *sorted(out.glob("scale_*"))]:
+        if not (d / "rl1" / "result.json").exists():
+            continue
+        rl1, build = (json.loads((d / p / "result.json").read_text()) for p in ("rl1", "build"))
+        m = rl1["metrics"][2]
+        row = {"parameters": build["parameters"], "step_s": sum(v for k, v in m.items() if k.startswith("time/")),
+               "peak_rss_gb": rl1["ranks"][0]["peak_rss_gb"], **{p: m[f"time/{p}"] for p in STEP_PHASES}}
+        rows.append(row)
+    rows.sort(key=lambda r: r["parameters"])
+    from bench_kernels import print_table
+    print_table([{k: f"{v:.3g}" for k, v in r.items()} for r in rows], list(rows[0]))
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    x = [f"{r['parameters'] / 1e6:.3g}M" for r in rows]
+    bottom = [0.0] * len(rows)
+    for p in STEP_PHASES:  # each phase's share of the phases' sum
+        share = [r[p] / sum(r[q] for q in STEP_PHASES) for r in rows]
+        ax1.bar(x, share, bottom=bottom, label=p)
+        bottom = [b + v for b, v in zip(bottom, share)]
+    ax1.set(ylabel="share of the step", title="GRPO step 2 by phase (1 process)")
+    ax1.legend(fontsize=7)
+    n = [r["parameters"] for r in rows]
+    ax2.loglog(n, [r["step_s"] for r in rows], "o-", label="step seconds")
+    ax2.loglog(n, [r["peak_rss_gb"] for r in rows], "s-", label="peak RSS, GiB")
+    ax2.set(xlabel="parameters", title="step time and memory")
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(plot, dpi=110)
+    print(f"plot: {plot}")
+    return rows
+
+
 def main() -> int:
     if sys.argv[1:2] == ["--worker"]:  # python real_shape.py --worker OUT -- TRAINER_ARGS (one rank)
         worker(Path(sys.argv[2]), sys.argv[4:])
@@ -237,15 +281,16 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "real_shape")
     ap.add_argument("--shape", default="qwen2.5-0.5b", choices=sorted(set(SHAPES) - {"demo"} | set(SCALING)),
                     help="a real architecture (data/tiny_model.py's SHAPES) or a smaller one of the scaling table")
-    ap.add_argument("--pieces", nargs="+", default=PIECES + ["report"], choices=PIECES + ["report"])
+    ap.add_argument("--pieces", nargs="+", default=PIECES + ["report"], choices=PIECES + ["report", "scaling"])
+    ap.add_argument("--plot", type=Path, default=ROOT / "docs" / "real_shape_scaling.png", help="scaling's plot")
     ap.add_argument("--sft_steps", type=int, default=3)
     ap.add_argument("--sft_rows", type=int, default=4)
     ap.add_argument("--rl_steps", type=int, default=3)
     ap.add_argument("--max_response_len", type=int, default=24)
     a = ap.parse_args()
     for piece in a.pieces:
-        if piece == "report":
-            report(a.out, a)
+        if piece in ("report", "scaling"):
+            report(a.out, a) if piece == "report" else scaling(a.out, a.plot)
             continue
         print(f"real_shape: {piece} (load average {os.getloadavg()[0]:.2f})", flush=True)
         t0, load = time.time(), os.getloadavg()[0]
