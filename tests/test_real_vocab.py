@@ -134,4 +134,5 @@ def test_push_repacks_the_tied_head_in_place(tiny, tmp_path):
     script = tmp_path / "push_peak.py"
     script.write_text(PUSH_PEAK)
     rise = result_of([str(script), str(d / "model")])["rise_gib"]
+    print(f"the tied head's repack raised the peak RSS by {rise:.3f} GiB")
     assert rise < 0.2, f"the tied head's repack raised the peak RSS by {rise:.2f} GiB (one packed copy: 0.51)"
