@@ -5,7 +5,7 @@ DEMO    := runs/demo
 # make demo NPROC=1
 NPROC   ?= $(shell n=$$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); [ "$$n" = 1 ] && echo 1 || echo 2)
 
-.PHONY: install sandbox demo demo-tools test test-slow test-all mutants bench bench-step gpu-wheels clean
+.PHONY: install sandbox demo demo-tools test test-slow test-all mutants bench bench-step real-shape gpu-wheels clean
 
 install: .venv/.installed sandbox
 
@@ -74,6 +74,13 @@ mutants: install
 
 bench: install
 	$(PY) benchmarks/bench_kernels.py
+
+# A Qwen2.5-0.5B-shaped model (random weights, V=151936) through SFT, GRPO with CoPRIS and the vLLM engine on 1
+# process and 2 ranks, a resume that must continue identically, export and one request to the served export; seconds
+# and peak memory per phase (benchmarks/real_shape.py, docs/speed.md). About 10 min on 2 cores; the 2-rank pieces
+# peak at 11 GiB per rank (22 GiB free needed), the 1-process one at 15 GiB.
+real-shape: install
+	$(PY) benchmarks/real_shape.py
 
 # The demo job's RL step by phase vs a plain step (builds a small demo job under runs/bench_step without runs/demo).
 bench-step: install

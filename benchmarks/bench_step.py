@@ -83,21 +83,15 @@ import model as M  # noqa: E402
 import trainer  # noqa: E402
 from bench_kernels import print_table  # noqa: E402
 from host_memory import PeakRSS  # noqa: E402
+from data.tiny_model import SHAPES, shape_config  # noqa: E402
 from model import DUMMY, Row, all_gather_list, all_max, all_sum, init_distributed  # noqa: E402
 from rewards.advantages import grpo_advantages  # noqa: E402
 from rollout.copris import Trajectory  # noqa: E402
 
-# Qwen2.5-class architectures (their config.json numbers); tiny: CPU tests. Weights are random.
-SIZES = {
-    "tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                 intermediate_size=512, vocab_size=1024, tie_word_embeddings=False),
-    "0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                 intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True),
-    "1.5b": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-                 intermediate_size=8960, vocab_size=151936, tie_word_embeddings=True),
-    "7b": dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
-               intermediate_size=18944, vocab_size=151936, tie_word_embeddings=False),
-}
+# Qwen2.5-class architectures (data/tiny_model.py's SHAPES); tiny: CPU tests. Weights are random.
+SIZES = {"tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                      intermediate_size=512, vocab_size=1024, tie_word_embeddings=False),
+         **{k: SHAPES[f"qwen2.5-{k}"] for k in ("0.5b", "1.5b", "7b")}}
 # The demo job's response lengths (tokens, max_response_len 160): quantiles at 0, 5, ..., 100% of the 640 trained rows
 # of a demo-job run of this script (2026-12-01: the cached job with a 60-step SFT model, 10 timed steps; p50 22,
 # p90 50). A run on `make demo`'s model prints its own as response_len_quantiles. The synthetic law interpolates.
@@ -369,9 +363,7 @@ def demo_worker(args) -> dict:
 
 # ---------------------------------------------------------------- synthetic
 def arch_config(size: str):
-    from transformers import Qwen2Config
-    return Qwen2Config(**SIZES[size], max_position_embeddings=32768, rms_norm_eps=1e-6, eos_token_id=0,
-                       pad_token_id=0, bos_token_id=0)
+    return shape_config(SIZES[size], 0, max_len=32768)
 
 
 def random_model(qcfg, device, dtype, attn_implementation):
