@@ -121,7 +121,7 @@ def plot(results: dict) -> None:
         bx.errorbar([i + 0.15], [statistics.mean(r["mean@4"] for r in runs)],
                     yerr=[statistics.stdev(r["mean@4"] for r in runs) if len(runs) > 1 else 0], fmt="_",
                     color=line.get_color(), capsize=4)
-    start = next(iter(results.values()))[0]["start"]["mean@4"]
+    start = statistics.mean(r["start"]["mean@4"] for runs in results.values() for r in runs)
     bx.axhline(start, color="grey", linewidth=0.8, linestyle=":", label="before RL")
     ax.set_xlabel("RL step")
     ax.set_ylabel("training reward (mean over seeds; band: min..max)")
@@ -137,13 +137,14 @@ def plot(results: dict) -> None:
 
 
 def table(results: dict) -> list[str]:
-    start = next(iter(results.values()))[0]["start"]
+    starts = [r["start"] for runs in results.values() for r in runs]  # the SFT model, evaluated at each run's seed
+    start = {k: statistics.mean(s[k] for s in starts) for k in starts[0]}
 
     def pm(s, k, fmt):
         return f"{s[k][0]:{fmt}} ± {s[k][1]:{fmt}}"
     lines = ["| objective (keys besides COMMON) | seeds | held-out mean@4 | greedy | pass@4 | clip fraction | "
              "overlong penalty | truncated | s / step |", "|---|---|---|---|---|---|---|---|---|",
-             f"| after SFT, before RL | | {start['mean@4']:.3f} | {start['greedy_acc']:.3f} | {start['pass@4']:.3f} "
+             f"| after SFT, before RL (mean of every run's) | | {start['mean@4']:.3f} | {start['greedy_acc']:.3f} | {start['pass@4']:.3f} "
              f"| | | | |"]
     for arm, runs in results.items():
         s = summary(runs)
