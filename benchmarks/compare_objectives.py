@@ -144,8 +144,8 @@ def table(results: dict) -> list[str]:
         return f"{s[k][0]:{fmt}} ± {s[k][1]:{fmt}}"
     lines = ["| objective (keys besides COMMON) | seeds | held-out mean@4 | greedy | pass@4 | clip fraction | "
              "overlong penalty | truncated | s / step |", "|---|---|---|---|---|---|---|---|---|",
-             f"| after SFT, before RL (mean of every run's) | | {start['mean@4']:.3f} | {start['greedy_acc']:.3f} | {start['pass@4']:.3f} "
-             f"| | | | |"]
+             f"| after SFT, before RL (mean of every run's) | | {start['mean@4']:.3f} | {start['greedy_acc']:.3f} | "
+             f"{start['pass@4']:.3f} | | | | |"]
     for arm, runs in results.items():
         s = summary(runs)
         keys = " ".join(f"`{a}`" for a in ARMS[arm]) or "(none)"

@@ -300,7 +300,8 @@ def test_allowed_combinations_load(base):
 @pytest.mark.parametrize("args, want, said", [
     (["--objective=gspo"], dict(clip_low=3e-4, clip_high=4e-4, loss_agg="seq-mean-token-mean"),
      "objective gspo: its paper's clip_low=0.0003, clip_high=0.0004, loss_agg=seq-mean-token-mean"),
-    (["--objective=gspo_token", "--clip_high=0.01"], dict(clip_low=3e-4, clip_high=0.01, loss_agg="seq-mean-token-mean"),
+    (["--objective=gspo_token", "--clip_high=0.01"],
+     dict(clip_low=3e-4, clip_high=0.01, loss_agg="seq-mean-token-mean"),
      "objective gspo_token: its paper's clip_low=0.0003, loss_agg=seq-mean-token-mean"),
     (["--objective=cispo"], dict(clip_low=1.0, clip_high=0.28, loss_agg="token-mean"),
      "objective cispo: its paper's clip_low=1.0"),
