@@ -182,7 +182,8 @@ def main() -> int:
                    f"--train_data={out / 'data' / 'rl_train.jsonl'}", f"--eval_data={out / 'data' / 'eval.jsonl'}",
                    f"--run_dir={run_dir}", "--overwrite=true", f"--seed={seed}", *COMMON, *ARMS[arm])
                 (run_dir / "revision.txt").write_text(revision())
-    done = {arm: [out / arm / f"seed{s}" for s in args.seeds if finished(out / arm / f"seed{s}")] for arm in ARMS}
+    seeds = sorted(set(SEEDS) | set(args.seeds))  # the report: every finished run of these
+    done = {arm: [out / arm / f"seed{s}" for s in seeds if finished(out / arm / f"seed{s}")] for arm in ARMS}
     results = {arm: [figures(d) for d in dirs] for arm, dirs in done.items() if dirs}
     if not results:
         print("no finished run under", out)
