@@ -16,6 +16,7 @@ import json
 import math
 import os
 import struct
+import sys
 import tokenize
 import types
 import typing
@@ -37,6 +38,14 @@ class RewardConfig:  # reward functions from your own file (rewards/user.py; doc
     # own scorer); the reward is their weighted sum, each logged as reward/<function>; [] = the rows' tasks
     weights: list[float] = dataclasses.field(default_factory=lambda: [])  # one per entry of funcs; [] = 1 each
     sandbox: bool = False  # run the functions in the bubblewrap sandbox (rewards/sandbox.py): no network, no files
+
+
+# objective -> its paper's values of the keys a run leaves unset (a key the yaml or the command line sets wins)
+PAPER_DEFAULTS = {
+    "gspo": {"clip_low": 3e-4, "clip_high": 4e-4, "loss_agg": "seq-mean-token-mean"},  # GSPO (Zheng et al.), 5.1
+    "gspo_token": {"clip_low": 3e-4, "clip_high": 4e-4, "loss_agg": "seq-mean-token-mean"},  # the same paper
+    "cispo": {"clip_low": 1.0},  # MiniMax-M1: no lower bound on the IS weight; it tunes the upper one, prints none
+}
 
 
 def _unwrap_optional(tp):
@@ -129,17 +138,33 @@ def load(cls, argv: list[str], world: int):
     if args.help:
         print(help_text(inspect.getsourcefile(cls), cls.__name__))
         raise SystemExit(0)
-    cfg = cls()
+    cfg, given = cls(), set()  # given: the keys the yaml and the command line set
     if args.config:
         for k, v in read_yaml(args.config).items():
             _apply(cfg, str(k), v, from_cli=False)
+            given.add(str(k))
     for item in rest:
         if not item.startswith("--") or "=" not in item:
             raise ConfigError(f"bad argument {item!r}: expected --key=value")
         k, v = item[2:].split("=", 1)
         _apply(cfg, k, v, from_cli=True)
+        given.add(k)
+    said = paper_defaults(cfg, given)
     validate(cfg, world)
+    if said and os.environ.get("RANK", "0") == "0" and not os.environ.get("RL_PAPER_DEFAULTS_SAID"):
+        print(said, file=sys.stderr, flush=True)
+        os.environ["RL_PAPER_DEFAULTS_SAID"] = "1"  # the launcher's ranks inherit it: said once per run
     return cfg
+
+
+def paper_defaults(cfg, given: set[str]) -> str:
+    """Give the keys of PAPER_DEFAULTS[cfg.objective] that are not in `given` their paper's values; -> one line saying
+    which ("" when none)."""
+    unset = {k: v for k, v in PAPER_DEFAULTS.get(getattr(cfg, "objective", None), {}).items() if k not in given}
+    for k, v in unset.items():
+        setattr(cfg, k, v)
+    return unset and (f"objective {cfg.objective}: its paper's " + ", ".join(f"{k}={v}" for k, v in unset.items())
+                      + " (keys you did not set; set them to override)")
 
 
 def _comments(source: str) -> dict[int, tuple[str, bool]]:
@@ -186,7 +211,10 @@ def help_text(source: str | Path, top: str = "Config") -> str:
     lines = ["usage: python trainer.py [--nproc_per_node=N] [--config FILE.yaml] [--key=value ...]",
              "       torchrun --nproc_per_node N trainer.py [--config FILE.yaml] [--key=value ...]",
              "A data row's `task` picks its scorer, row check and environment in tasks.py (the task table); the manual is",
-             "docs/ (README.md links every page).", ""]
+             "docs/ (README.md links every page).",
+             "objective gspo / gspo_token / cispo: each of these keys left unset takes its paper's value (set it to "
+             "override): " + "; ".join(f"{o}: " + ", ".join(f"{k}={v}" for k, v in d.items())
+                                        for o, d in PAPER_DEFAULTS.items()), ""]
 
     def walk(cls: ast.ClassDef, prefix: str):
         fields = [f for f in cls.body if isinstance(f, ast.AnnAssign) and isinstance(f.target, ast.Name)]
@@ -274,7 +302,8 @@ def validate(cfg, world: int) -> None:
             raise ConfigError(f"{key} {getattr(cfg, key)!r}: no such file")
     if cfg.mode == "eval" and not cfg.eval_data:
         raise ConfigError("mode: eval needs eval_data")
-    for key in ("n_samples", "batch_groups", "max_prompt_len", "max_response_len", "token_budget", "mini_batches"):
+    for key in ("n_samples", "batch_groups", "max_prompt_len", "max_response_len", "token_budget", "mini_batches",
+                "ppo_epochs"):
         if getattr(cfg, key) < 1:
             raise ConfigError(f"{key} must be >= 1, got {getattr(cfg, key)}")
     tools = cfg.tools
@@ -307,6 +336,7 @@ def validate(cfg, world: int) -> None:
     if cfg.objective == "gspo" and (cfg.prime.enabled or cfg.correction.mode in ("token_truncate", "token_mask")):
         raise ConfigError("objective gspo takes one advantage and one weight per sequence: PRIME's per-token "
                           "advantages and token-level corrections need objective gspo_token (or a sequence correction)")
+    check_objective(cfg)
     if cfg.dual_clip is not None and cfg.objective != "ppo":
         raise ConfigError(f"dual_clip bounds objective ppo's token clip; objective {cfg.objective} has none: set "
                           f"dual_clip null")
@@ -371,3 +401,19 @@ def check_day_one(cfg) -> None:
                              (cfg.wandb_project, "wandb", "wandb_project")):
         if on and importlib.util.find_spec(package) is None:
             raise ConfigError(f"{key} needs the {package} package, which is not installed (pip install {package})")
+
+
+def check_objective(cfg) -> None:
+    """Clip and aggregation settings that are accepted by the arithmetic but mean nothing (docs/algorithms.md)."""
+    if cfg.dual_clip is not None and not cfg.dual_clip > 1:
+        raise ConfigError(f"dual_clip={cfg.dual_clip} must be > 1 (it caps a negative advantage's loss at dual_clip "
+                          f"times it; at or below 1 every such token with ratio above it loses its gradient), or null")
+    if cfg.clip_low < 0 or cfg.clip_high < 0:
+        raise ConfigError(f"clip_low={cfg.clip_low} and clip_high={cfg.clip_high} must be >= 0 (the clip range "
+                          f"[1 - clip_low, 1 + clip_high] must contain 1)")
+    if cfg.objective in ("gspo", "gspo_token") and cfg.loss_agg == "seq-mean-token-sum-norm":
+        raise ConfigError(f"objective {cfg.objective} with loss_agg seq-mean-token-sum-norm weights each sequence by "
+                          f"its length, undoing GSPO's length normalisation: use seq-mean-token-mean (the paper's)")
+    if cfg.overlong.penalty_factor < 0:
+        raise ConfigError(f"overlong.penalty_factor={cfg.overlong.penalty_factor} must be >= 0 (a penalty, not a "
+                          f"bonus for length)")

@@ -14,6 +14,7 @@ never spans ranks in training: each rank trains batch_groups / world whole group
 data/rows.py, logs and plots in report.py, the launcher in launch.py.
 """
 import functools
+import itertools
 import json
 import math
 import os
@@ -118,6 +119,7 @@ class ToolsConfig:  # rows whose task names an environment run as multi-turn epi
 class OverlongConfig:  # DAPO's overlong handling (Yu et al. 2025; rewards/advantages.py)
     buffer: int = 0  # L_cache: reward -= 0..1 over the last L_cache tokens of max_response_len (1 if cut); 0 = off
     filter: bool = False  # responses cut at max_response_len contribute no loss (TRL's mask_truncated_completions)
+    penalty_factor: float = 1.0  # the penalty's scale: reward += factor * (0..-1) (verl overlong_buffer.penalty_factor)
 
 
 @dataclass
@@ -158,7 +160,8 @@ class Config:
     # 10% of lr at the last step; auto = constant (RL), cosine (SFT)
     grad_clip: float = 1.0  # max global grad norm
     token_budget: int = 8192  # micro-batch size in real tokens (rows packed, no padding; a shared prompt counts once)
-    mini_batches: int = 1  # optimizer steps per RL batch (1 = on-policy up to partial rollout)
+    mini_batches: int = 1  # optimizer steps per pass over an RL batch (1 = on-policy up to partial rollout)
+    ppo_epochs: int = 1  # passes over each RL batch (TRL num_iterations, verl ppo_epochs); later ones reshuffled
     advantage: Literal["grpo", "rloo"] = "grpo"  # group baseline (PRIME, when on, replaces it)
     scale_std: Literal["group", "batch", "none"] = "group"  # GRPO: divide by the std of the group's or batch's rewards
     clip_low: float = 0.2  # PPO clip: ratio >= 1 - clip_low
@@ -534,28 +537,32 @@ def loss_weights(run: Run, rows: list[Row]) -> list[torch.Tensor]:
     kept = torch.cat(corr) > 0  # (N,)
     lens = torch.tensor([len(r.response) for r in rows])
     n_kept = torch.zeros(len(rows)).index_add_(0, torch.repeat_interleave(torch.arange(len(rows)), lens), kept.float())
-    tokens, seqs = all_sum([float(kept.sum()), float((n_kept > 0).sum())], run.device)
-    w = run.agg(lens, mask=kept, n_tokens=max(tokens, 1.0), n_seqs=max(seqs, 1.0)) * torch.cat(corr) * run.world
+    tokens, seqs, n = all_sum([float(kept.sum()), float((n_kept > 0).sum()), float(len(rows))], run.device)
+    w = run.agg(lens, mask=kept, n_tokens=max(tokens, 1.0), n_seqs=max(seqs, 1.0), n_rows=n)  # (N,)
+    w = w * torch.cat(corr) * run.world
     return split_rows(w, rows)
 
 
 def policy_update(run: Run, rows: list[Row]) -> dict:
-    """PPO-clip over `mini_batches` optimizer steps, each a set of packed micro-batches. Token weights come from
+    """PPO-clip over `ppo_epochs` passes of `mini_batches` optimizer steps, each a set of packed micro-batches; a
+    token's old log-prob (the ratio's denominator) is its sampling stage's in every pass. Token weights come from
     the global (all-rank) denominators of loss_agg; masked tokens (correction weight 0) leave numerator and
     denominator. Tokens whose old log-prob is nan take it from this forward (the policy has not changed yet);
     the values computed are written back into row.old_logp. -> loss, clip_frac, approx_kl, entropy, ratio_max,
-    grad_norm: means over the step's trained tokens (loss and grad_norm: over mini-batches)."""
+    grad_norm: means over the step's trained tokens of every pass (loss and grad_norm: over optimizer steps)."""
     cfg = run.cfg
     sums = dict.fromkeys(("loss", "clip_frac", "approx_kl", "entropy", "tokens", "grad_norm"), 0.0)
-    ratio_max, per_mini = 0.0, math.ceil(len(rows) / cfg.mini_batches)
-    for m in range(cfg.mini_batches):
+    ratio_max, per_mini, steps = 0.0, math.ceil(len(rows) / cfg.mini_batches), cfg.ppo_epochs * cfg.mini_batches
+    for e, m in itertools.product(range(cfg.ppo_epochs), range(cfg.mini_batches)):  # passes x mini-batches
+        if e > 0 and m == 0:  # pass 1 in rollout order; later ones reshuffled by torch's generator (checkpointed)
+            rows = [rows[i] for i in torch.randperm(len(rows)).tolist()]
         mini = rows[m * per_mini:(m + 1) * per_mini]
         w = loss_weights(run, mini)
         for mb in micro_batches(mini, cfg.token_budget, run.device):
             batch = [mini[i] for i in mb] or [DUMMY]
             cat = (lambda xs: torch.cat(xs).to(run.device)) if mb else (lambda xs: torch.zeros(1, device=run.device))
             old, adv, wt = cat([r.old_logp for r in batch]), cat([r.adv for r in batch]), cat([w[i] for i in mb])
-            fresh = cat([r.fresh if m == 0 and r.fresh is not None else torch.zeros(len(r.response), dtype=torch.bool)
+            fresh = cat([r.fresh if e == m == 0 and r.fresh is not None else torch.zeros(len(r.response), dtype=torch.bool)
                          for r in batch]).bool()  # (N,)
             ref = torch.cat(frozen_reference(run, batch)) if cfg.kl_coef > 0 else None
             lens = torch.tensor([len(r.response) for r in batch], device=run.device)  # (S,) the packed rows' lengths
@@ -567,9 +574,9 @@ def policy_update(run: Run, rows: list[Row]) -> dict:
                 r.old_logp = torch.where(torch.isnan(r.old_logp), lp.cpu(), r.old_logp)
             for k in ("clip_frac", "approx_kl", "entropy", "tokens"):
                 sums[k] += s[k]
-            sums["loss"] += loss.item() / run.world / cfg.mini_batches
+            sums["loss"] += loss.item() / run.world / steps
             ratio_max = max(ratio_max, s["ratio_max"])
-        sums["grad_norm"] += optimizer_step(run)[0] / cfg.mini_batches
+        sums["grad_norm"] += optimizer_step(run)[0] / steps
     loss, clip, kl, ent, n = all_sum([sums[k] for k in ("loss", "clip_frac", "approx_kl", "entropy", "tokens")],
                                      run.device)
     return {"loss": loss, "clip_frac": clip / max(n, 1), "approx_kl": kl / max(n, 1), "entropy": ent / max(n, 1),
@@ -945,7 +952,8 @@ def train_rl(cfg: Config) -> None:
     run.fill_old, run.fresh = old_logprob_strategy(cfg)
     run.correct = mismatch.correction(cfg.correction.mode, cfg.correction.low, cfg.correction.threshold)
     o = cfg.overlong
-    run.overlong = Overlong(cfg.max_response_len, o.buffer, o.filter, every_rank) if o.buffer or o.filter else None
+    run.overlong = Overlong(cfg.max_response_len, o.buffer, o.filter, every_rank, o.penalty_factor) \
+        if o.buffer or o.filter else None
     run.episodes = start_episodes(run, rows + run.eval_rows)
     run.pool, run.engine = reward_pool(cfg), start_engine(run)
     run.scheduler = CoprisScheduler(

@@ -31,15 +31,16 @@ STAT_KEYS = ("clip_frac", "approx_kl", "ratio_mean", "ratio_max")
 
 
 def token_weights(seq_lens: torch.Tensor, agg: str, mask=None, n_tokens=None, n_seqs=None,
-                  max_len=None) -> torch.Tensor:
+                  max_len=None, n_rows=None) -> torch.Tensor:
     """Aggregation weights of packed tokens: seq_lens (S,) int64 lengths of the concatenated sequences (sum N),
     mask (N,) or None (all valid) -> (N,) fp32 w (fp64 for an fp64 mask) with loss = sum(w * l); with m = mask and
     n_s = valid tokens of token i's sequence s:
     token-mean              m / n_tokens              n_tokens default: sum(m)
     seq-mean-token-mean     m / (n_s * n_seqs)        n_seqs default: sequences with a valid token
     seq-mean-token-sum      m / n_seqs
-    seq-mean-token-sum-norm m / (n_seqs * max_len)    Dr. GRPO (Liu et al. 2025): a constant normaliser, the
-                                                      same for every token whatever its sequence's length
+    seq-mean-token-sum-norm m / (n_rows * max_len)    Dr. GRPO (Liu et al. 2025): a constant normaliser, the
+                                                      same for every token whatever its sequence's length;
+                                                      n_rows default: S, every sequence, masked ones too (TRL)
     Pass the global (all-rank, all-micro-batch) n_tokens / n_seqs to get the global aggregate's weights."""
     if agg not in AGGS:
         raise ValueError(f"agg must be one of {AGGS}, got {agg!r}")
@@ -56,7 +57,7 @@ def token_weights(seq_lens: torch.Tensor, agg: str, mask=None, n_tokens=None, n_
     if agg == "seq-mean-token-mean":
         return m / (n_tok.clamp(min=1)[seq] * n_seq)
     if agg == "seq-mean-token-sum-norm":
-        return m / (n_seq * max_len)
+        return m / ((len(seq_lens) if n_rows is None else n_rows) * max_len)
     return m / n_seq
 
 
@@ -65,7 +66,7 @@ def agg_weights(mask: torch.Tensor, agg: str) -> torch.Tensor:
     token-mean              m / sum(m)
     seq-mean-token-mean     m / (|rows with a valid token| * sum_t m)
     seq-mean-token-sum      m / |rows with a valid token|
-    seq-mean-token-sum-norm m / (|rows with a valid token| * T)     (T: the constant, as verl's agg_loss)
+    seq-mean-token-sum-norm m / (B * T)     (T: the constant; verl's agg_loss has no 1/B: B times this)
     """
     B, T = mask.shape
     lens = torch.full((B,), T, device=mask.device, dtype=torch.long)

@@ -92,7 +92,7 @@ def accuracy_filter(rewards: torch.Tensor, group_size: int, low: float = 0.2, hi
 
 
 def overlong_penalty(lengths: torch.Tensor, truncated: torch.Tensor, max_len: int, buffer: int) -> torch.Tensor:
-    """DAPO's soft overlong punishment (Yu et al. 2025, Eq. 13): lengths (B,) |y| in model tokens, truncated (B,) bool
+    """DAPO's soft overlong punishment (Yu et al. 2025, Eq. 13): lengths (B,) |y| in tokens, truncated (B,) bool
     -> (B,) R_len = 0 if |y| <= L_max - L_cache, ((L_max - L_cache) - |y|) / L_cache inside the buffer, -1 for a
     truncated response; L_max = max_len, L_cache = buffer."""
     inside = ((max_len - buffer) - lengths.double()) / buffer  # (B,) <= 0 past L_max - L_cache
@@ -101,21 +101,24 @@ def overlong_penalty(lengths: torch.Tensor, truncated: torch.Tensor, max_len: in
 
 class Overlong:
     """DAPO's overlong handling as a step of the advantage phase, before the advantages:
-    shaping (buffer > 0): each sample's reward += overlong_penalty;  filtering (filter): a truncated response's
-    mask becomes all False, so it contributes no loss, no KL and no denominator (TRL's mask_truncated_completions).
+    shaping (buffer > 0): each sample's reward += factor * overlong_penalty (verl's penalty_factor);  filtering
+    (filter): a truncated response's mask becomes all False, so it contributes no loss, no KL and no denominator
+    (TRL's mask_truncated_completions). |y| is the whole response, observation tokens included: the length that
+    max_response_len cuts, so the ramp ends where truncation starts (verl's DAPO reward counts the same).
     reduce(t) sums a tensor over ranks (the metrics cover every rank)."""
 
-    def __init__(self, max_len: int, buffer: int, filter: bool, reduce):
-        self.max_len, self.buffer, self.filter, self.reduce = max_len, buffer, filter, reduce
+    def __init__(self, max_len: int, buffer: int, filter: bool, reduce, factor: float = 1.0):
+        self.max_len, self.buffer, self.filter, self.reduce, self.factor = max_len, buffer, filter, reduce, factor
 
     def __call__(self, rows: list, rewards: torch.Tensor, truncated: list[bool]) -> tuple[torch.Tensor, dict]:
-        """rows (their mask: model tokens), rewards (B,), truncated per row -> (shaped rewards (B,), metrics)."""
-        lengths = torch.tensor([len(r.response) if r.mask is None else int(r.mask.sum()) for r in rows])  # (B,)
+        """rows, rewards (B,), truncated per row -> (shaped rewards (B,), metrics)."""
+        lengths = torch.tensor([len(r.response) for r in rows])  # (B,) model and observation tokens
         if self.filter:
             for r, cut in zip(rows, truncated):
                 r.mask = torch.zeros(len(r.response), dtype=torch.bool) if cut else r.mask
         if not self.buffer:
             return rewards, {}
-        pen = overlong_penalty(lengths, torch.tensor(truncated, dtype=torch.bool), self.max_len, self.buffer)  # (B,)
+        pen = self.factor * overlong_penalty(lengths, torch.tensor(truncated, dtype=torch.bool), self.max_len,
+                                             self.buffer)  # (B,)
         n, total = self.reduce(torch.tensor([len(rows), float(pen.sum())])).tolist()
         return rewards + pen, {"overlong/penalty_mean": total / max(n, 1.0)}

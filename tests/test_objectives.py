@@ -86,7 +86,7 @@ def reference_loss(case, h, W, b, tgt, x, seqs) -> torch.Tensor:
     """float64 loss of the mini-batch made of sequences `seqs`, from the papers' equations, token by token.
     Per kept (model) token t of sequence i: logp_t, old_t (this forward's value, detached, where on-policy), the
     aggregation weight agg_i (token-mean: 1 / kept tokens; seq-mean-token-mean: 1 / (|y_i| G); Dr. GRPO:
-    1 / (G L)) times its correction weight c_t: w_t.
+    1 / (S L), S every sequence of the mini-batch, masked ones too) times its correction weight c_t: w_t.
       ppo         sum_t w_t * -min(r_t A_t, clip(r_t) A_t),  r_t = pi_t / pi_old_t                     (PPO)
       gspo        sum_i (sum_t w_t) * -min(s_i A_i, clip(s_i) A_i),  s_i = (prod_t r_t)^(1 / |y_i|)     (GSPO)
       gspo_token  sum_t w_t * -min(s_it A_t, clip(s_it) A_t),  s_it = sg[s_i] pi_t / sg[pi_t]        (GSPO-token)
@@ -103,7 +103,7 @@ def reference_loss(case, h, W, b, tgt, x, seqs) -> torch.Tensor:
     for i in seqs:
         toks = kept[i]
         agg_i = {"token-mean": 1 / n_tok, "seq-mean-token-mean": 1 / (len(toks) * G),
-                 "seq-mean-token-sum-norm": 1 / (G * MAX_LEN)}[agg]
+                 "seq-mean-token-sum-norm": 1 / (len(seqs) * MAX_LEN)}[agg]
         w = {t: agg_i * x["c"][t] for t in toks}
         logp = {t: lsm[t, tgt[t]] for t in toks}
         old = {t: logp[t].detach() if x["onp"][t] else x["old"][t] for t in toks}
@@ -139,7 +139,7 @@ def op_loss(case, leaves, tgt, x, micro, impl):
         idx = torch.cat([torch.arange(starts()[i], starts()[i] + LENS[i]) for i in mb])  # (n,) packed tokens
         lens = torch.tensor([LENS[i] for i in mb])
         w = token_weights(lens, agg, x["mask"][idx].double(), n_tokens=float(kept.sum()), n_seqs=float(n_seqs),
-                          max_len=MAX_LEN) * x["c"][idx]  # (n,) float64
+                          max_len=MAX_LEN, n_rows=float(len(seqs))) * x["c"][idx]  # (n,) float64
         d = (lambda v: v.to(DEV)) if impl == "torch" else (lambda v: v.float().to(DEV))
         out = fused_linear_ppo_loss(h[idx.to(DEV)], W, tgt[idx].to(DEV), d(x["old"][idx]), d(x["adv"][idx]), d(w),
                                     lo, hi, None, d(x["ref"][idx]), KL, T_SAMPLE, ENT, bias=b,
@@ -224,15 +224,17 @@ def test_overlong_penalty_hand_values():
     assert overlong_penalty(lengths, cut, 10, 4).tolist() == [0.0, 0.0, -0.25, -0.75, -1.0, -1.0]
 
 
-def test_overlong_shapes_rewards_by_model_tokens_and_filters_cut_responses():
-    """|y| counts model tokens only (a tool's observation is not the model's length); filtering empties the mask of
-    a cut response (no loss, no denominator) and leaves the others; the metric is the mean penalty."""
+def test_overlong_shapes_rewards_by_response_length_and_filters_cut_responses():
+    """|y| counts the whole response, a tool's observation tokens too (the length max_response_len cuts: the ramp ends
+    where truncation starts); penalty_factor scales it; filtering empties the mask of a cut response (no loss, no
+    denominator) and leaves the others; the metric is the mean penalty."""
     from model import Row
     rows = [Row([1], [5] * 9, mask=torch.tensor([True] * 5 + [False] * 4)), Row([1], [5] * 8), Row([1], [5] * 10)]
-    for filt in (False, True):
+    for filt, factor in ((False, 1.0), (True, 1.0), (False, 0.5)):
         rs = [Row(r.prompt_ids, r.response, mask=r.mask) for r in rows]
-        shaped, stats = Overlong(10, 4, filt, lambda t: t)(rs, torch.ones(3), [False, False, True])
-        assert shaped.tolist() == [1.0, 0.5, 0.0] and stats == {"overlong/penalty_mean": pytest.approx(-0.5)}
+        shaped, stats = Overlong(10, 4, filt, lambda t: t, factor)(rs, torch.ones(3), [False, False, True])
+        assert shaped.tolist() == [1 - 0.75 * factor, 1 - 0.5 * factor, 1 - factor]
+        assert stats == {"overlong/penalty_mean": pytest.approx(-0.75 * factor)}
         assert (rs[2].mask is not None and not rs[2].mask.any()) == filt and rs[1].mask is None
     shaped, stats = Overlong(10, 0, True, None)(rows, torch.ones(3), [False, False, True])  # filtering alone
     assert shaped.tolist() == [1.0] * 3 and stats == {} and not rows[2].mask.any()
@@ -268,6 +270,14 @@ def base(tiny):
     (["--overlong.buffer=128"], "overlong.buffer=128 must be in [0, max_response_len=128)"),
     (["--prime.enabled=true", "--overlong.filter=true"], "turn them off with prime.enabled"),
     (["--objective=grpo"], "objective: must be one of"),
+    (["--dual_clip=1"], "dual_clip=1.0 must be > 1"),
+    (["--dual_clip=0.5"], "dual_clip=0.5 must be > 1"),
+    (["--clip_high=-0.1"], "must be >= 0"),
+    (["--clip_low=-0.2"], "must be >= 0"),
+    (["--objective=gspo", "--loss_agg=seq-mean-token-sum-norm"], "undoing GSPO's length normalisation"),
+    (["--objective=gspo_token", "--loss_agg=seq-mean-token-sum-norm"], "undoing GSPO's length normalisation"),
+    (["--overlong.buffer=8", "--overlong.penalty_factor=-1"], "overlong.penalty_factor=-1.0 must be >= 0"),
+    (["--ppo_epochs=0"], "ppo_epochs must be >= 1"),
 ])
 def test_nonsensical_combinations_are_refused(base, args, needle):
     with pytest.raises(ConfigError) as e:
@@ -279,8 +289,45 @@ def test_allowed_combinations_load(base):
     for args in (["--objective=gspo_token", "--prime.enabled=true", "--correction.mode=token_mask"],
                  ["--objective=gspo", "--correction.mode=sequence_mask", "--kl_coef=0.1", "--lora.rank=8"],
                  ["--objective=cispo", "--clip_low=1.0", "--overlong.buffer=32", "--overlong.filter=true"],
-                 ["--loss_agg=seq-mean-token-sum-norm", "--scale_std=none", "--mini_batches=2"]):
+                 ["--loss_agg=seq-mean-token-sum-norm", "--scale_std=none", "--mini_batches=2"],
+                 ["--dual_clip=1.5", "--ppo_epochs=4", "--mini_batches=2", "--clip_low=0", "--clip_high=0"],
+                 ["--objective=gspo", "--ppo_epochs=2", "--lora.rank=4", "--correction.mode=sequence_truncate"],
+                 ["--objective=cispo", "--clip_low=5", "--overlong.buffer=8", "--overlong.penalty_factor=0"],
+                 ["--objective=gspo_token", "--loss_agg=token-mean", "--prime.enabled=true", "--ppo_epochs=2"]):
         load_config([*base, *args])
+
+
+@pytest.mark.parametrize("args, want, said", [
+    (["--objective=gspo"], dict(clip_low=3e-4, clip_high=4e-4, loss_agg="seq-mean-token-mean"),
+     "objective gspo: its paper's clip_low=0.0003, clip_high=0.0004, loss_agg=seq-mean-token-mean"),
+    (["--objective=gspo_token", "--clip_high=0.01"],
+     dict(clip_low=3e-4, clip_high=0.01, loss_agg="seq-mean-token-mean"),
+     "objective gspo_token: its paper's clip_low=0.0003, loss_agg=seq-mean-token-mean"),
+    (["--objective=cispo"], dict(clip_low=1.0, clip_high=0.28, loss_agg="token-mean"),
+     "objective cispo: its paper's clip_low=1.0"),
+    (["--objective=cispo", "--clip_low=0.5"], dict(clip_low=0.5, clip_high=0.28), None),
+    (["--objective=gspo", "--clip_low=0.2", "--clip_high=0.28", "--loss_agg=token-mean"],
+     dict(clip_low=0.2, clip_high=0.28, loss_agg="token-mean"), None),
+    ([], dict(clip_low=0.2, clip_high=0.28, loss_agg="token-mean"), None),
+])
+def test_objectives_take_their_papers_values_for_unset_keys(base, capsys, monkeypatch, args, want, said):
+    """An objective with a paper's setup gives each key the run did not set that value, and says so in one line;
+    a key set on the command line wins, and nothing is said when every such key was set."""
+    monkeypatch.delenv("RL_PAPER_DEFAULTS_SAID", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    cfg = load_config([*base, *args])
+    assert {k: getattr(cfg, k) for k in want} == want
+    err = capsys.readouterr().err
+    assert (err.strip() == f"{said} (keys you did not set; set them to override)") if said else err == "", err
+
+
+def test_a_yaml_key_wins_over_the_papers_value(base, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("RL_PAPER_DEFAULTS_SAID", raising=False)
+    y = tmp_path / "c.yaml"
+    y.write_text("objective: gspo\nclip_low: 0.1\n")
+    cfg = load_config(["--config", str(y), *base])
+    assert (cfg.clip_low, cfg.clip_high, cfg.loss_agg) == (0.1, 4e-4, "seq-mean-token-mean")
+    assert capsys.readouterr().err.count("\n") == 1
 
 
 def test_refusal_exits_2_with_one_line(base, tmp_path):

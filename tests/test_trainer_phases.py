@@ -33,7 +33,7 @@ def close(a: float, b: float, rel: float = 1e-5) -> bool:
     return abs(a - b) <= rel * max(1.0, abs(a), abs(b))
 
 
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
 def test_same_batch_same_loss_and_gradient_on_1_and_2_ranks(results, agg):
     one, two = results[0][f"update/{agg}"], results[1][f"update/{agg}"]
     for key in ("loss", "grad_norm", "entropy"):

@@ -42,6 +42,7 @@ RUNS = {
     "cispo": ("--objective=cispo", "--copris.old_logprob_source=rollout", "--clip_low=1.0", "--clip_high=0.5"),
     # Dr. GRPO (constant normaliser, no std), DAPO's overlong shaping and filtering: responses of 2..10 tokens, cut at 8
     "dr-grpo": ("--loss_agg=seq-mean-token-sum-norm", "--scale_std=none", "--overlong.buffer=4",
+                "--overlong.penalty_factor=0.5",
                 "--overlong.filter=true", "--max_response_len=8"),
 }
 KEYS = {"rollout": ["copris.old_logprob_source", "clip_low", "clip_high", "dual_clip", "kl_coef", "entropy_coef",
@@ -50,7 +51,7 @@ KEYS = {"rollout": ["copris.old_logprob_source", "clip_low", "clip_high", "dual_
         "trainer": ["advantage", "loss_agg"],
         "gspo": ["objective", "copris.old_logprob_source", "clip_low", "clip_high", "loss_agg", "scale_std"],
         "cispo": ["objective", "copris.old_logprob_source", "clip_low", "clip_high"],
-        "dr-grpo": ["loss_agg", "scale_std", "overlong.buffer", "overlong.filter"]}
+        "dr-grpo": ["loss_agg", "scale_std", "overlong.buffer", "overlong.filter", "overlong.penalty_factor"]}
 
 
 def with_default(cfg, key: str):
@@ -73,7 +74,8 @@ def reference_loss(cfg, u) -> float:
     trajs = [t for g in u.groups for t in g.samples]
     cut = [t.finish_reason == "length" for t in trajs]
     L, c = cfg.max_response_len, cfg.overlong.buffer
-    penalty = [-1.0 if k else min(0.0, ((L - c) - len(t.tokens)) / c) if c else 0.0 for t, k in zip(trajs, cut)]
+    penalty = [cfg.overlong.penalty_factor * (-1.0 if k else min(0.0, ((L - c) - len(t.tokens)) / c)) if c else 0.0
+               for t, k in zip(trajs, cut)]
     adv = advantages_fp64(cfg, [s + p for (s, _), p in zip((x for g in u.groups for x in g.scores), penalty)])
     terms = []
     for z, z_ref, r, t, a, k in zip(u.logits, u.ref_logits, u.rows, trajs, adv, cut):
@@ -100,7 +102,7 @@ def reference_loss(cfg, u) -> float:
     n_tok, n_seq = sum(kept), sum(k > 0 for k in kept)
     agg = {"token-mean": lambda k: 1 / n_tok, "seq-mean-token-mean": lambda k: 1 / (max(k, 1) * n_seq),
            "seq-mean-token-sum": lambda k: 1 / n_seq,
-           "seq-mean-token-sum-norm": lambda k: 1 / (n_seq * L)}[cfg.loss_agg]
+           "seq-mean-token-sum-norm": lambda k: 1 / (len(kept) * L)}[cfg.loss_agg]  # every row, filtered ones too
     return sum(float((w * l).sum()) * agg(k) for (w, l), k in zip(terms, kept))
 
 
@@ -219,6 +221,8 @@ RESUMES = {  # the test adds LR warm-up over the 3 steps: a schedule that restar
     # PRIME's reference: the rollout policy's old log-probs (so they must be computed before the update)
     "rl-prime": ("--prime.enabled=true", "--prime.ref=policy", "--prime.filter_low=0", "--prime.filter_high=1",
                  "--prime.lr=1e-3"),
+    # three passes of two mini-batches per step: later passes reshuffled by the checkpointed generator
+    "rl-epochs": ("--ppo_epochs=3", "--mini_batches=2"),
     "sft": ("--mode=sft", "--sft_epochs=0", "--sft_batch_rows=16", "--max_response_len=96"),
 }
 

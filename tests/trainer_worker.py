@@ -46,7 +46,7 @@ def main(model_dir: str, out_path: str) -> None:
     mine = rows[rank::world]
 
     # 1. the same global batch on 1 or 2 ranks: same loss, same gradient norm (per loss_agg)
-    for agg in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
+    for agg in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"):
         run = make_run(model_dir, rank, world, device, loss_agg=agg, lr=0.0)
         batch = [model.Row(r.prompt_ids, r.response, r.old_logp.clone(), r.adv) for r in mine]
         s = trainer.policy_update(run, batch)
