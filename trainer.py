@@ -1065,15 +1065,14 @@ def main(argv: list[str]) -> int:
             return 2
     if launch.wants_launcher(argv):  # python trainer.py --nproc_per_node N ...
         return launch.run(argv, preflight)
-    rank = int(os.environ.get("RANK", "0"))
     try:
         cfg = load_config(argv)
         {"sft": train_sft, "rl": train_rl, "eval": run_eval}[cfg.mode](cfg)
-    except ConfigError as e:  # the same on every rank: said once
-        print(f"config error: {e}", file=sys.__stderr__) if rank == 0 else None
+    except ConfigError as e:  # said by whichever rank found it, once per node (launch.say_once)
+        launch.say_once(f"config error: {e}")
         return 2
     except TrainingError as e:
-        print(f"training stopped: {e}", file=sys.__stderr__) if rank == 0 else None
+        launch.say_once(f"training stopped: {e}")
         return 3
     finally:
         if dist.is_initialized():

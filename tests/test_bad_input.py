@@ -124,3 +124,37 @@ def test_damaged_checkpoint_manifest(tiny, tmp_path):
     (step / "manifest.json").write_text('{"step": 3')  # cut off mid-write by something other than our rename
     with pytest.raises(ConfigError, match="manifest.json: not a readable checkpoint manifest"):
         preflight(rl_args(tiny, tmp_path / "run", "--resume=auto"), 1)
+
+
+def test_say_once_prints_each_line_once_per_torchrun_agent(tmp_path, monkeypatch, capfd):
+    """Ranks of one torchrun agent share its attempt folder: the first rank to say a line prints it, the others
+    (same line) do not; another line, or a process outside torchrun, prints."""
+    import launch
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    (tmp_path / "attempt_0" / "1").mkdir(parents=True)
+    for rank in (0, 1):
+        monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "attempt_0" / str(rank) / "error.json"))
+        launch.say_once("config error: x")
+    launch.say_once("config error: y")
+    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE")
+    launch.say_once("config error: x")
+    assert capfd.readouterr().err == "config error: x\nconfig error: y\nconfig error: x\n"
+
+
+@pytest.mark.slow
+def test_config_error_survives_plain_torchrun_on_a_busy_machine(tiny, tmp_path):
+    """Under plain torchrun both ranks find the typo; whichever exits first gets the other killed. The line must
+    reach the user every time (10 of 10), once, with two CPU-bound processes competing for the cores."""
+    import subprocess
+    import sys
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        for attempt in range(10):
+            p = run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "trainer.py",
+                     *rl_args(tiny, tmp_path / "run"), "--lrr=1"], timeout=300)
+            assert p.returncode != 0 and p.stderr.count("config error: unknown config key 'lrr'") == 1, \
+                (attempt, p.stderr[-3000:])
+    finally:
+        for b in busy:
+            b.kill()
+            b.wait()
