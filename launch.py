@@ -24,6 +24,7 @@ import re
 import shutil
 import signal
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -85,8 +86,9 @@ def check_run_dir(cfg, world: int) -> None:
     """Before anything starts: a used run_dir is refused unless it is continued from its own checkpoint or
     overwrite: true replaces it (--resume=auto where no complete checkpoint exists, or --resume=<a checkpoint of
     another run_dir>, would mix two runs in one metrics.jsonl); a checkpoint to resume must come from the same
-    number of ranks."""
+    number of ranks. A run_dir that cannot be created or written in is refused too."""
     run_dir = Path(cfg.run_dir)
+    check_writable(run_dir)
     ckpt = resume_point(cfg)
     if ckpt is not None:
         manifest = read_manifest(ckpt)
@@ -106,6 +108,20 @@ def check_run_dir(cfg, world: int) -> None:
                           f"from: start over there with --overwrite=true (deletes them) or use a fresh --run_dir")
     raise ConfigError(f"--resume={ckpt}: run_dir {run_dir} holds another run ({held}): resume into a fresh "
                       f"--run_dir, or delete that run first with --overwrite=true")
+
+
+def check_writable(run_dir: Path) -> None:
+    """run_dir, or else the nearest folder above it that exists, must be a folder this process can create folders in
+    (tried: a temporary folder made and removed)."""
+    base = run_dir.absolute()
+    while not base.exists() and base != base.parent:
+        base = base.parent
+    if not base.is_dir():
+        raise ConfigError(f"run_dir {run_dir}: cannot be created: {base} is a file, not a folder")
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=base, prefix=".write-test-"))
+    except OSError as e:
+        raise ConfigError(f"run_dir {run_dir}: cannot be created (making a folder in {base} fails: {e.strerror})") from None
 
 
 def continues(run_dir: Path, ckpt: Path | None) -> bool:

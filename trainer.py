@@ -28,8 +28,7 @@ from typing import Literal
 
 if __name__ == "__main__" and {"--help", "-h"} & set(sys.argv[1:]):  # text only: no torch, transformers or vLLM
     import config
-    print(config.help_text(__file__))
-    raise SystemExit(0)
+    config.print_help(__file__)
 
 import torch
 import torch.distributed as dist
@@ -940,8 +939,7 @@ def train_rl(cfg: Config) -> None:
     counts = data_counts(run, "train", len(rows) + skipped, skipped, f"prompt over max_prompt_len={cfg.max_prompt_len}")
     run.eval_rows, skipped = tokenize_prompts(eval_rows, run.tok, cfg.max_prompt_len, cfg.chat_template)
     counts.update(data_counts(run, "eval", len(eval_rows), skipped, "prompt over max_prompt_len") if eval_rows else {})
-    if len(rows) < run.eg.count:
-        raise ConfigError(f"{cfg.train_data}: {len(rows)} usable prompts for {run.eg.count} engine groups")
+    config.check_one_batch(cfg, len(rows), "usable prompts")  # batch_groups >= the engine groups: each draws one
     run.prompts = PromptSource(rows, cfg.seed, run.eg.index, run.eg.count)
     if cfg.kl_coef > 0 or (cfg.prime.enabled and cfg.prime.ref == "frozen"):
         run.ref = run.policy if cfg.lora.rank else build_model(cfg.model_path, run.device, trainable=False)
@@ -1053,6 +1051,8 @@ def preflight(argv: list[str], world: int) -> None:
     for path in ([cfg.train_data] if cfg.mode != "eval" else []) + ([cfg.eval_data] if cfg.eval_data else []):
         rows = load_rows(path, "sft" if cfg.mode == "sft" and path == cfg.train_data else "rl")
         check_sandbox(cfg, rows if cfg.mode != "sft" else [])
+        if path == cfg.train_data:
+            config.check_one_batch(cfg, len(rows))
 
 
 def main(argv: list[str]) -> int:

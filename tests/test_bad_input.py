@@ -158,3 +158,31 @@ def test_config_error_survives_plain_torchrun_on_a_busy_machine(tiny, tmp_path):
         for b in busy:
             b.kill()
             b.wait()
+
+
+@pytest.mark.parametrize("where, needle", [
+    ("/proc/x", "run_dir /proc/x: cannot be created (making a folder in /proc fails"),
+    ("{tmp}/a_file/run", "run_dir {tmp}/a_file/run: cannot be created: {tmp}/a_file is a file, not a folder"),
+])
+def test_a_run_dir_that_cannot_be_created_is_refused_before_ranks_start(tiny, tmp_path, where, needle):
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(ConfigError) as e:
+        preflight(rl_args(tiny, where.format(tmp=tmp_path)), 1)
+    assert needle.format(tmp=tmp_path) in str(e.value)
+
+
+def test_a_run_dir_under_proc_under_the_launcher_is_one_line_and_exit_2(tiny):
+    p = run(trainer_cmd(2, *rl_args(tiny, "/proc/x")))
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [
+        "config error: run_dir /proc/x: cannot be created (making a folder in /proc fails: No such file or "
+        "directory)"], p.stderr[-3000:]
+
+
+@pytest.mark.parametrize("mode, key", [("rl", "batch_groups=16"), ("sft", "sft_batch_rows=64")])
+def test_a_train_file_smaller_than_one_batch_is_refused(tiny, tmp_path, mode, key):
+    rows = [json.loads(line) for line in open(tiny / "data" / ("sft.jsonl" if mode == "sft" else "rl_train.jsonl"))]
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows[:3]))
+    args = rl_args(tiny, tmp_path / "run", f"--train_data={data}", f"--{key}", f"--mode={mode}")
+    with pytest.raises(ConfigError, match=rf"train_data {data}: 3 rows, fewer than one step takes \({key}\)"):
+        preflight(args, 2)
