@@ -971,7 +971,7 @@ def train_rl(cfg: Config) -> None:
             return evaluate(run) if run.eval_rows and due else {}
         seconds = train_loop(run, start, cfg.steps, rl_step, "rl", evaluate_at)
         if run.rank == 0 and seconds is not None:
-            report.report_rl(run.run_dir, cfg.eval_samples, seconds, cfg.steps - start)
+            report.report_rl(run.run_dir, cfg.eval_samples, seconds, cfg.steps, start)
     finally:
         close_workers(run)
 
@@ -1021,7 +1021,7 @@ def train_sft(cfg: Config) -> None:
     start = resume_or_start(run, ckpt, lambda: counts)
     seconds = train_loop(run, start, steps, sft_step, "sft")
     if run.rank == 0 and seconds is not None:
-        print(f"sft: {steps - start} steps in {seconds:.0f} s; export: {run.run_dir / 'export'}")
+        print(f"sft: {report.steps_done(start, steps)} in {seconds:.0f} s; export: {run.run_dir / 'export'}")
 
 
 def run_eval(cfg: Config) -> None:

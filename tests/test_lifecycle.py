@@ -300,6 +300,9 @@ def test_end_of_run_summary_gives_every_evaluation_with_pass_at_k(tmp_path, caps
                                                    ["10", "0.600", "0.350", "0.610", "0.400"],
                                                    ["20", "0.700", "0.400", "0.620", "0.600"]]
     assert out[5].startswith("20 steps in 10 s")
+    assert report.steps_done(3, 4) == "1 step (resumed after step 3: step 4)"  # not "1 steps"
+    assert report.steps_done(3, 6) == "3 steps (resumed after step 3: steps 4..6)"
+    assert report.steps_done(0, 1) == "1 step"
 
 
 def test_native_stderr_goes_to_the_log_for_the_block_only(tmp_path, capfd):
