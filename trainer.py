@@ -30,6 +30,7 @@ if __name__ == "__main__" and {"--help", "-h"} & set(sys.argv[1:]):  # text only
     import config
     config.print_help(__file__)
 
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads OpenMP: waiting threads sleep (docs/speed.md)
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
