@@ -1,7 +1,8 @@
 """Config parsing for the dataclasses at the top of trainer.py: a yaml preset, then `--key=value` /
 `--section.key=value` overrides, each value type-checked against its field; `Literal[...]` fields take only
 their listed values; an unknown key is an error with a did-you-mean hint; the cross-field checks in validate().
-`--help` lists every key with its type, default and the comment next to its field.
+`--help` lists every key with its type, default and the comment next to its field. yaml numbers such as `1e-5` load
+as floats (YAML 1.2's rule; PyYAML's 1.1 one reads them as strings).
 
     cfg = load(Config, ["--config", "configs/demo.yaml", "--lr=1e-5"], world=2)
 """
@@ -15,6 +16,7 @@ import io
 import json
 import math
 import os
+import re
 import struct
 import sys
 import tokenize
@@ -46,6 +48,29 @@ PAPER_DEFAULTS = {
     "gspo_token": {"clip_low": 3e-4, "clip_high": 4e-4, "loss_agg": "seq-mean-token-mean"},  # the same paper
     "cispo": {"clip_low": 1.0},  # MiniMax-M1: no lower bound on the IS weight; it tunes the upper one, prints none
 }
+
+
+# TRL's and verl's names for our keys (docs/from-trl-and-verl.md's table; tests/test_config.py checks they agree):
+# an unknown key that is one of them is answered with ours
+OTHER_NAMES = {"learning_rate": "lr", "num_generations": "n_samples", "max_completion_length": "max_response_len",
+               "max_prompt_length": "max_prompt_len", "max_response_length": "max_response_len",
+               "max_grad_norm": "grad_clip", "model_name_or_path": "model_path",
+               "output_dir": "run_dir", "max_steps": "steps", "total_training_steps": "steps", "beta": "kl_coef",
+               "kl_loss_coef": "kl_coef", "epsilon": "clip_low", "epsilon_high": "clip_high",
+               "clip_ratio_low": "clip_low", "clip_ratio_high": "clip_high", "clip_ratio_c": "dual_clip",
+               "entropy_coeff": "entropy_coef", "loss_agg_mode": "loss_agg", "scale_rewards": "scale_std",
+               "adv_estimator": "advantage", "save_steps": "save_every", "save_freq": "save_every",
+               "save_total_limit": "keep_checkpoints", "eval_steps": "eval_every", "test_freq": "eval_every",
+               "lr_warmup_steps": "warmup_steps", "train_batch_size": "batch_groups",
+               "resume_from_checkpoint": "resume", "lora_rank": "lora.rank", "lora_alpha": "lora.alpha"}
+
+
+class _Loader(yaml.SafeLoader):
+    """safe_load with YAML 1.2's floats: 1e-5 and 3E+2 are numbers (PyYAML's 1.1 rule wants a dot: 1.0e-5)."""
+
+
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+                              list("-+0123456789"))
 
 
 def _unwrap_optional(tp):
@@ -95,7 +120,9 @@ def _apply(obj, key: str, value, from_cli: bool, prefix: str = "") -> None:
     hints = typing.get_type_hints(type(obj))
     if head not in hints:
         near = difflib.get_close_matches(head, list(hints), n=1)
-        raise ConfigError(f"unknown config key {prefix + head!r}" + (f" (did you mean {prefix + near[0]!r}?)" if near else ""))
+        hint = (f" (TRL's / verl's name; here it is {OTHER_NAMES[head]!r}: docs/from-trl-and-verl.md)"
+                if head in OTHER_NAMES and not prefix else f" (did you mean {prefix + near[0]!r}?)" if near else "")
+        raise ConfigError(f"unknown config key {prefix + head!r}{hint}")
     tp, full = hints[head], prefix + head
     if dataclasses.is_dataclass(tp):
         if rest:
@@ -113,7 +140,7 @@ def _apply(obj, key: str, value, from_cli: bool, prefix: str = "") -> None:
 def read_yaml(path: str) -> dict:
     """A yaml preset as a mapping; a missing, unreadable or malformed file is a ConfigError naming it."""
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        data = yaml.load(Path(path).read_text(encoding="utf-8"), _Loader)
     except FileNotFoundError:
         raise ConfigError(f"--config {path}: no such file") from None
     except (OSError, UnicodeDecodeError) as e:
@@ -136,12 +163,14 @@ def load(cls, argv: list[str], world: int):
     ap.add_argument("--help", "-h", action="store_true")
     args, rest = ap.parse_known_args(argv)
     if args.help:
-        print(help_text(inspect.getsourcefile(cls), cls.__name__))
-        raise SystemExit(0)
+        print_help(inspect.getsourcefile(cls), cls.__name__)
     cfg, given = cls(), set()  # given: the keys the yaml and the command line set
     if args.config:
         for k, v in read_yaml(args.config).items():
-            _apply(cfg, str(k), v, from_cli=False)
+            try:
+                _apply(cfg, str(k), v, from_cli=False)
+            except ConfigError as e:
+                raise ConfigError(f"{args.config}: {e}") from None
             given.add(str(k))
     for item in rest:
         if not item.startswith("--") or "=" not in item:
@@ -210,6 +239,10 @@ def help_text(source: str | Path, top: str = "Config") -> str:
                 classes[c.name], comments[c.name] = c, notes
     lines = ["usage: python trainer.py [--nproc_per_node=N] [--config FILE.yaml] [--key=value ...]",
              "       torchrun --nproc_per_node N trainer.py [--config FILE.yaml] [--key=value ...]",
+             "       python trainer.py --plot RUN_DIR       (plot.png and the summary of a run's metrics.jsonl)",
+             "launcher flags (python trainer.py, as torchrun's): --nproc_per_node=N (ranks on this node; starts the",
+             "  launcher: config and data checked before any rank starts), --nnodes=M, --node_rank=R, --master_addr=A,",
+             "  --master_port=P (several nodes).",
              "A data row's `task` picks its scorer, row check and environment in tasks.py (the task table); the manual is",
              "docs/ (README.md links every page).",
              "objective gspo / gspo_token / cispo: each of these keys left unset takes its paper's value (set it to "
@@ -283,6 +316,25 @@ def sleep_backup_problem(cfg, local_ranks: int, available: int | None) -> str | 
             f"a host with more memory, or shard the engine (engine.tensor_parallel_size={2 * t} halves each copy)")
 
 
+def print_help(source: str | Path, top: str = "Config") -> None:
+    """Print help_text and exit 0; a reader that stops early (`--help | head`) ends it quietly, not in a
+    BrokenPipeError."""
+    try:
+        print(help_text(source, top), flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the interpreter's last flush writes here
+    raise SystemExit(0)
+
+
+def check_one_batch(cfg, rows: int, what: str = "rows") -> None:
+    """A train file with fewer rows than one step takes is refused (RL would draw each prompt several times in a
+    step, as separate groups; SFT has no whole batch)."""
+    key = "sft_batch_rows" if cfg.mode == "sft" else "batch_groups"
+    if rows < getattr(cfg, key):
+        raise ConfigError(f"train_data {cfg.train_data}: {rows} {what}, fewer than one step takes ({key}="
+                          f"{getattr(cfg, key)}): lower {key} or add rows")
+
+
 def validate(cfg, world: int) -> None:
     """Impossible settings fail here, before anything expensive starts."""
     if not cfg.model_path:
@@ -311,6 +363,11 @@ def validate(cfg, world: int) -> None:
             or not tools.timeout_s > 0:
         raise ConfigError(f"tools: max_turns, max_obs_tokens, tool_steps and workers must be >= 1 and timeout_s > 0, "
                           f"got {tools}")
+    if not cfg.temperature > 0:
+        raise ConfigError(f"temperature must be > 0, got {cfg.temperature} (the loss divides the logits by it; "
+                          f"evaluation is greedy already, besides its samples at this temperature)")
+    if not cfg.lr > 0 or (cfg.prime.enabled and not cfg.prime.lr > 0):
+        raise ConfigError(f"lr and prime.lr must be > 0, got lr={cfg.lr} prime.lr={cfg.prime.lr}")
     if not cfg.dist_timeout_s > 0:
         raise ConfigError(f"dist_timeout_s must be > 0 seconds, got {cfg.dist_timeout_s}")
     t = cfg.engine.tensor_parallel_size

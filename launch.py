@@ -11,10 +11,12 @@ process and owns the run's shutdown and exit code:
 - a rank that stops with exit 2 (config) or 3 (training stopped): this process exits with that code, without
   torchrun's failure report (the rank has printed its message).
 
-Plain `torchrun ... trainer.py` works too; there, errors exit 1 after torchrun's report.
+Plain `torchrun ... trainer.py` works too; there, errors exit 1 after torchrun's report, and say_once keeps the
+rank's message from being lost to it.
 """
 import atexit
 import dataclasses
+import fcntl
 import json
 import logging
 import os
@@ -22,6 +24,7 @@ import re
 import shutil
 import signal
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -83,8 +86,9 @@ def check_run_dir(cfg, world: int) -> None:
     """Before anything starts: a used run_dir is refused unless it is continued from its own checkpoint or
     overwrite: true replaces it (--resume=auto where no complete checkpoint exists, or --resume=<a checkpoint of
     another run_dir>, would mix two runs in one metrics.jsonl); a checkpoint to resume must come from the same
-    number of ranks."""
+    number of ranks. A run_dir that cannot be created or written in is refused too."""
     run_dir = Path(cfg.run_dir)
+    check_writable(run_dir)
     ckpt = resume_point(cfg)
     if ckpt is not None:
         manifest = read_manifest(ckpt)
@@ -104,6 +108,20 @@ def check_run_dir(cfg, world: int) -> None:
                           f"from: start over there with --overwrite=true (deletes them) or use a fresh --run_dir")
     raise ConfigError(f"--resume={ckpt}: run_dir {run_dir} holds another run ({held}): resume into a fresh "
                       f"--run_dir, or delete that run first with --overwrite=true")
+
+
+def check_writable(run_dir: Path) -> None:
+    """run_dir, or else the nearest folder above it that exists, must be a folder this process can create folders in
+    (tried: a temporary folder made and removed)."""
+    base = run_dir.absolute()
+    while not base.exists() and base != base.parent:
+        base = base.parent
+    if not base.is_dir():
+        raise ConfigError(f"run_dir {run_dir}: cannot be created: {base} is a file, not a folder")
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=base, prefix=".write-test-"))
+    except OSError as e:
+        raise ConfigError(f"run_dir {run_dir}: cannot be created (making a folder in {base} fails: {e.strerror})") from None
 
 
 def continues(run_dir: Path, ckpt: Path | None) -> bool:
@@ -202,6 +220,30 @@ def exit_process(code: int) -> None:
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         stream.flush()
     os._exit(code)
+
+
+def say_once(line: str) -> None:
+    """Print a rank's one-line error to stderr before it exits, whichever rank found it, once per node.
+
+    Every rank that finds an error says it itself: waiting for rank 0 to say it loses the line whenever another rank
+    exits first (torchrun then kills rank 0 before it prints). The ranks of one torchrun agent share its attempt folder
+    (the parent of TORCHELASTIC_ERROR_FILE's folder, unique per agent and attempt): under an exclusive flock on a file
+    there, a rank prints its line unless an earlier rank recorded the same one, then records it. The lock is held
+    until the line is out, so no rank exits (and gets the others killed) before it is. Without torchrun's folder
+    (one process, another launcher) the line is printed as it is; so it is by a rank whose stderr torchrun discards
+    (--local-ranks-filter), which records nothing."""
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE", "")
+    muted = os.path.samestat(os.fstat(sys.__stderr__.fileno()), os.stat(os.devnull))
+    if not error_file or muted or int(os.environ.get("LOCAL_WORLD_SIZE", "1")) < 2:
+        print(line, file=sys.__stderr__, flush=True)
+        return
+    with open(Path(error_file).parent.parent / "said.txt", "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        if line + "\n" not in f.readlines():
+            print(line, file=sys.__stderr__, flush=True)
+            f.write(line + "\n")
+            f.flush()
 
 
 LAUNCHER_FLAGS = ("--nproc_per_node", "--nnodes", "--node_rank", "--master_addr", "--master_port")

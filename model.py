@@ -330,13 +330,21 @@ def adapter_tensors(model, dtype=None) -> dict[str, torch.Tensor]:
     return get_peft_model_state_dict(model, dict(full_named_tensors(model, dtype, trainable_only=True)))
 
 
+def save_tensors(tensors: dict, path: Path) -> None:
+    """safetensors' save_file, but with the mode the folder's other files get (0666 less the umask, usually 0644):
+    save_file writes owner-only (0600), which a server running as another user cannot read."""
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    umask = os.umask(0)
+    os.umask(umask)
+    path.chmod(0o666 & ~umask)
+
+
 def save_adapter(model, tensors: dict, folder: Path, tok=None) -> None:
     """A PEFT adapter folder (adapter_config.json, adapter_model.safetensors, the tokenizer if given) that PEFT and
     vLLM load."""
     folder.mkdir(parents=True, exist_ok=True)
     model.peft_config["default"].save_pretrained(str(folder))
-    save_file({n: t.cpu().contiguous() for n, t in tensors.items()}, str(folder / "adapter_model.safetensors"),
-              metadata={"format": "pt"})
+    save_tensors({n: t.cpu().contiguous() for n, t in tensors.items()}, folder / "adapter_model.safetensors")
     if tok is not None:
         tok.save_pretrained(folder)
 
@@ -383,7 +391,7 @@ def save_hf(config, tensors, folder: Path, tok, generation=None) -> None:
 
     def flush():
         files.append(folder / f"shard-{len(files)}.tmp")
-        save_file(shard, str(files[-1]), metadata={"format": "pt"})
+        save_tensors(shard, files[-1])
         index.update(dict.fromkeys(shard, len(files) - 1))
     for name, t in tensors:
         if tied and name == "lm_head.weight":

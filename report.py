@@ -242,10 +242,19 @@ def print_eval_table(metrics: dict, k: int) -> None:
               f"{metrics[prefix + f'pass@{k}']:8.3f}")
 
 
-def report_rl(run_dir: Path, k: int, seconds: float, steps: int) -> None:
+def steps_done(start: int, steps: int) -> str:
+    """What this process ran of steps 1..steps, having started after step `start`: "1 step (resumed after step 3:
+    step 4)", "40 steps"."""
+    n = steps - start
+    return f"{n} step{'s' * (n != 1)}" + (f" (resumed after step {start}: step{'s' * (n != 1)} "
+                                          f"{start + 1}{f'..{steps}' * (n != 1)})" if start else "")
+
+
+def report_rl(run_dir: Path, k: int, seconds: float, steps: int, start: int = 0) -> None:
     """Plot, then every held-out evaluation in metrics.jsonl, one line per step: greedy, mean@k, pass@k (and the
-    tool-call rate). The file holds this run alone: a used run_dir is continued from its own checkpoint (what lay
-    after it set aside) or replaced, never appended to by another run."""
+    tool-call rate), then the steps this process ran (after `start`) and their time. The file holds this run alone:
+    a used run_dir is continued from its own checkpoint (what lay after it set aside) or replaced, never appended to
+    by another run."""
     plot_run(run_dir)
     evals = [r for r in map(json.loads, open(run_dir / "metrics.jsonl")) if "eval/greedy_acc" in r]
     if evals:
@@ -254,8 +263,8 @@ def report_rl(run_dir: Path, k: int, seconds: float, steps: int) -> None:
         print(f"{'step':>6}" + "".join(f"{c:>16}" for c in cols))
         for r in evals:
             print(f"{r['step']:>6}" + "".join(f"{r[f'eval/{c}']:>16.3f}" for c in cols))
-    print(f"{steps} steps in {seconds:.0f} s ({steps / max(seconds, 1e-9):.3f} steps/s); metrics: "
-          f"{run_dir / 'metrics.jsonl'}  plot: {run_dir / 'plot.png'}  export: {run_dir / 'export'}")
+    print(f"{steps_done(start, steps)} in {seconds:.0f} s ({(steps - start) / max(seconds, 1e-9):.3f} steps/s); "
+          f"metrics: {run_dir / 'metrics.jsonl'}  plot: {run_dir / 'plot.png'}  export: {run_dir / 'export'}")
 
 
 # panels: (title, metric keys); a panel is drawn when any of its keys appears in the run

@@ -29,9 +29,9 @@ from typing import Literal
 
 if __name__ == "__main__" and {"--help", "-h"} & set(sys.argv[1:]):  # text only: no torch, transformers or vLLM
     import config
-    print(config.help_text(__file__))
-    raise SystemExit(0)
+    config.print_help(__file__)
 
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads OpenMP: waiting threads sleep (docs/speed.md)
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -935,8 +935,7 @@ def train_rl(cfg: Config) -> None:
     counts = data_counts(run, "train", len(rows) + skipped, skipped, f"prompt over max_prompt_len={cfg.max_prompt_len}")
     run.eval_rows, skipped = tokenize_prompts(eval_rows, run.tok, cfg.max_prompt_len, cfg.chat_template)
     counts.update(data_counts(run, "eval", len(eval_rows), skipped, "prompt over max_prompt_len") if eval_rows else {})
-    if len(rows) < run.eg.count:
-        raise ConfigError(f"{cfg.train_data}: {len(rows)} usable prompts for {run.eg.count} engine groups")
+    config.check_one_batch(cfg, len(rows), "usable prompts")  # batch_groups >= the engine groups: each draws one
     run.prompts = PromptSource(rows, cfg.seed, run.eg.index, run.eg.count)
     if cfg.kl_coef > 0 or (cfg.prime.enabled and cfg.prime.ref == "frozen"):
         run.ref = run.policy if cfg.lora.rank else build_model(cfg.model_path, run.device, trainable=False)
@@ -969,7 +968,7 @@ def train_rl(cfg: Config) -> None:
             return evaluate(run) if run.eval_rows and due else {}
         seconds = train_loop(run, start, cfg.steps, rl_step, "rl", evaluate_at)
         if run.rank == 0 and seconds is not None:
-            report.report_rl(run.run_dir, cfg.eval_samples, seconds, cfg.steps - start)
+            report.report_rl(run.run_dir, cfg.eval_samples, seconds, cfg.steps, start)
     finally:
         close_workers(run)
 
@@ -1025,7 +1024,7 @@ def train_sft(cfg: Config) -> None:
     start = resume_or_start(run, ckpt, lambda: {**counts, **validation(0)})
     seconds = train_loop(run, start, steps, sft_step, "sft", validation)
     if run.rank == 0 and seconds is not None:
-        print(f"sft: {steps - start} steps in {seconds:.0f} s; export: {run.run_dir / 'export'}")
+        print(f"sft: {report.steps_done(start, steps)} in {seconds:.0f} s; export: {run.run_dir / 'export'}")
 
 
 def run_eval(cfg: Config) -> None:
@@ -1055,6 +1054,8 @@ def preflight(argv: list[str], world: int) -> None:
     for path in ([cfg.train_data] if cfg.mode != "eval" else []) + ([cfg.eval_data] if cfg.eval_data else []):
         rows = load_rows(path, "sft" if cfg.mode == "sft" else "rl")
         check_sandbox(cfg, rows if cfg.mode != "sft" else [])
+        if path == cfg.train_data:
+            config.check_one_batch(cfg, len(rows))
 
 
 def main(argv: list[str]) -> int:
@@ -1067,15 +1068,14 @@ def main(argv: list[str]) -> int:
             return 2
     if launch.wants_launcher(argv):  # python trainer.py --nproc_per_node N ...
         return launch.run(argv, preflight)
-    rank = int(os.environ.get("RANK", "0"))
     try:
         cfg = load_config(argv)
         {"sft": train_sft, "rl": train_rl, "eval": run_eval}[cfg.mode](cfg)
-    except ConfigError as e:  # the same on every rank: said once
-        print(f"config error: {e}", file=sys.__stderr__) if rank == 0 else None
+    except ConfigError as e:  # said by whichever rank found it, once per node (launch.say_once)
+        launch.say_once(f"config error: {e}")
         return 2
     except TrainingError as e:
-        print(f"training stopped: {e}", file=sys.__stderr__) if rank == 0 else None
+        launch.say_once(f"training stopped: {e}")
         return 3
     finally:
         if dist.is_initialized():

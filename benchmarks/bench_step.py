@@ -74,7 +74,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from unittest import mock
 
-import torch
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as trainer.py sets it, before torch loads OpenMP
+import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))

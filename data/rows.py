@@ -37,9 +37,11 @@ def read_records(path: str):
                 raise ConfigError(f"{path}:{lineno}: not valid UTF-8 (byte {e.start}: {raw[e.start:e.start + 1]!r})") from None
             if line.strip():
                 try:
-                    yield lineno, json.loads(line)
+                    yield lineno, json.loads(line.rstrip("\r\n"))
                 except json.JSONDecodeError as e:
-                    raise ConfigError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+                    cut = "" if line.rstrip().endswith("}") else "; the line ends before its object does (cut off?)"
+                    raise ConfigError(f"{path}:{lineno}: not valid JSON ({e.msg.removesuffix(' at')} at column "
+                                      f"{e.colno}{cut})") from None
 
 
 def normalize_row(row, where: str, mode: str) -> dict:

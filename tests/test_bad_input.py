@@ -124,3 +124,65 @@ def test_damaged_checkpoint_manifest(tiny, tmp_path):
     (step / "manifest.json").write_text('{"step": 3')  # cut off mid-write by something other than our rename
     with pytest.raises(ConfigError, match="manifest.json: not a readable checkpoint manifest"):
         preflight(rl_args(tiny, tmp_path / "run", "--resume=auto"), 1)
+
+
+def test_say_once_prints_each_line_once_per_torchrun_agent(tmp_path, monkeypatch, capfd):
+    """Ranks of one torchrun agent share its attempt folder: the first rank to say a line prints it, the others
+    (same line) do not; another line, or a process outside torchrun, prints."""
+    import launch
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    (tmp_path / "attempt_0" / "1").mkdir(parents=True)
+    for rank in (0, 1):
+        monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "attempt_0" / str(rank) / "error.json"))
+        launch.say_once("config error: x")
+    launch.say_once("config error: y")
+    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE")
+    launch.say_once("config error: x")
+    assert capfd.readouterr().err == "config error: x\nconfig error: y\nconfig error: x\n"
+
+
+@pytest.mark.slow
+def test_config_error_survives_plain_torchrun_on_a_busy_machine(tiny, tmp_path):
+    """Under plain torchrun both ranks find the typo; whichever exits first gets the other killed. The line must
+    reach the user every time (10 of 10), once, with two CPU-bound processes competing for the cores."""
+    import subprocess
+    import sys
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        for attempt in range(10):
+            p = run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "trainer.py",
+                     *rl_args(tiny, tmp_path / "run"), "--lrr=1"], timeout=300)
+            assert p.returncode != 0 and p.stderr.count("config error: unknown config key 'lrr'") == 1, \
+                (attempt, p.stderr[-3000:])
+    finally:
+        for b in busy:
+            b.kill()
+            b.wait()
+
+
+@pytest.mark.parametrize("where, needle", [
+    ("/proc/x", "run_dir /proc/x: cannot be created (making a folder in /proc fails"),
+    ("{tmp}/a_file/run", "run_dir {tmp}/a_file/run: cannot be created: {tmp}/a_file is a file, not a folder"),
+])
+def test_a_run_dir_that_cannot_be_created_is_refused_before_ranks_start(tiny, tmp_path, where, needle):
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(ConfigError) as e:
+        preflight(rl_args(tiny, where.format(tmp=tmp_path)), 1)
+    assert needle.format(tmp=tmp_path) in str(e.value)
+
+
+def test_a_run_dir_under_proc_under_the_launcher_is_one_line_and_exit_2(tiny):
+    p = run(trainer_cmd(2, *rl_args(tiny, "/proc/x")))
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [
+        "config error: run_dir /proc/x: cannot be created (making a folder in /proc fails: No such file or "
+        "directory)"], p.stderr[-3000:]
+
+
+@pytest.mark.parametrize("mode, key", [("rl", "batch_groups=16"), ("sft", "sft_batch_rows=64")])
+def test_a_train_file_smaller_than_one_batch_is_refused(tiny, tmp_path, mode, key):
+    rows = [json.loads(line) for line in open(tiny / "data" / ("sft.jsonl" if mode == "sft" else "rl_train.jsonl"))]
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows[:3]))
+    args = rl_args(tiny, tmp_path / "run", f"--train_data={data}", f"--{key}", f"--mode={mode}")
+    with pytest.raises(ConfigError, match=rf"train_data {data}: 3 rows, fewer than one step takes \({key}\)"):
+        preflight(args, 2)

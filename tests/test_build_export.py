@@ -65,3 +65,5 @@ def test_export_writes_the_models_generation_config(world_of_one, tiny, tmp_path
     model.export_hf(policy, AutoTokenizer.from_pretrained(src), tmp_path / "export")
     got = GenerationConfig.from_pretrained(tmp_path / "export")
     assert (got.eos_token_id, got.temperature, got.top_p) == ([0, 7], 0.7, 0.8), got
+    modes = {f.name: oct(f.stat().st_mode & 0o777) for f in (tmp_path / "export").iterdir()}
+    assert len(set(modes.values())) == 1, f"the weights' mode differs from the other files': {modes}"

@@ -33,7 +33,12 @@ def test_defaults_and_overrides(base, tmp_path):
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["--learning_rate=1"], "unknown config key 'learning_rate'"),
+    (["--learning_rate=1"], "unknown config key 'learning_rate' (TRL's / verl's name; here it is 'lr'"),
+    (["--lr=0"], "lr and prime.lr must be > 0, got lr=0.0"),
+    (["--lr=-1e-5"], "lr and prime.lr must be > 0, got lr=-1e-05"),
+    (["--prime.enabled=true", "--prime.lr=0"], "prime.lr=0.0"),
+    (["--temperature=0"], "temperature must be > 0, got 0.0"),
+    (["--temperature=-1"], "temperature must be > 0"),
     (["--copris.concurency=3"], "unknown config key 'copris.concurency' (did you mean 'copris.concurrency'?)"),
     (["--n_samples=four"], "n_samples: expected int, got 'four'"),
     (["--copris.enabled=maybe"], "copris.enabled: expected true/false"),
@@ -57,7 +62,7 @@ def test_bad_overrides_name_the_problem(base, args, needle):
 def test_yaml_type_errors_and_missing_paths(base, tmp_path, tiny):
     y = tmp_path / "c.yaml"
     y.write_text("n_samples: '8'\n")
-    with pytest.raises(ConfigError, match="n_samples: expected int, got str"):
+    with pytest.raises(ConfigError, match="c.yaml: n_samples: expected int, got str"):  # the file is named
         load_config(["--config", str(y), *base])
     y.write_text("copris: 3\n")
     with pytest.raises(ConfigError, match="copris: expected a mapping"):
@@ -105,7 +110,12 @@ def test_malformed_rows_name_file_and_line(tmp_path):
     with pytest.raises(ConfigError, match=r"d.jsonl:2: missing key 'answer'"):
         load_rows(str(f), "rl")
     f.write_text('{"prompt": "a", "answer": "1"}\n\n{not json}\n')
-    with pytest.raises(ConfigError, match=r"d.jsonl:3: not valid JSON"):
+    with pytest.raises(ConfigError, match=r"d.jsonl:3: not valid JSON \(Expecting property name enclosed in double "
+                                          r"quotes at column 2\)"):
+        load_rows(str(f), "rl")
+    f.write_text('{"prompt": "a", "answer": "1"}\n{"prompt": "a cut-off ro\n')
+    with pytest.raises(ConfigError, match=r"d.jsonl:2: not valid JSON \(Unterminated string starting at column 12; "
+                                          r"the line ends before its object does \(cut off\?\)\)"):
         load_rows(str(f), "rl")
     f.write_text('{"prompt": "a", "task": "poetry"}\n')
     with pytest.raises(ConfigError, match=r"d.jsonl:1: unknown task 'poetry'"):
@@ -156,3 +166,43 @@ def test_the_launcher_refuses_more_ranks_than_gpus(monkeypatch, capsys):
     ran = []
     assert launch.run(["--nproc_per_node=2", "--config", "x.yaml"], lambda *a: ran.append(a)) == 2
     assert "2 ranks per node but 1 GPU(s) visible" in capsys.readouterr().err and not ran, "refused before preflight"
+
+
+def test_yaml_numbers_in_exponent_form_are_floats(base, tmp_path):
+    """YAML 1.1 (PyYAML) reads 1e-5 as a string; the loader takes YAML 1.2's floats, as the command line does."""
+    y = tmp_path / "c.yaml"
+    y.write_text("lr: 1e-5\nweight_decay: 1E+1\nprime:\n  lr: -5e-7\n  beta: 5.0e-2\nseed: 3\nrun_dir: 1e3x\n")
+    cfg = load_config(["--config", str(y), *base])
+    assert (cfg.lr, cfg.weight_decay, cfg.prime.lr, cfg.prime.beta) == (1e-5, 10.0, -5e-7, 0.05)
+    assert isinstance(cfg.lr, float) and cfg.seed == 3 and cfg.run_dir == "1e3x"
+    y.write_text("seed: 1e3\n")  # a float where an int belongs stays an error, naming the file
+    with pytest.raises(ConfigError, match="c.yaml: seed: expected int, got float 1000.0"):
+        load_config(["--config", str(y), *base])
+
+
+def test_other_frameworks_names_agree_with_the_mapping_page():
+    """Every TRL / verl name config.OTHER_NAMES answers with one of our keys stands in one row of
+    docs/from-trl-and-verl.md's tables with that key in our column."""
+    import re
+    import config
+    from tests.test_docs import config_keys
+    rows = [line.split("|")[1:4] for line in (ROOT / "docs" / "from-trl-and-verl.md").read_text().splitlines()
+            if line.startswith("| ")]
+    for other, ours in config.OTHER_NAMES.items():
+        assert ours in config_keys(), ours
+        assert any(re.search(rf"(?<![\w]){other}(?![\w])", trl + verl) and f"`{ours}`" in here
+                   for trl, verl, here in rows), (other, ours)
+
+
+def test_help_survives_a_closed_pipe_and_names_plot_and_the_launcher_flags():
+    """`python trainer.py --help | head` ends quietly (exit 0, no BrokenPipeError) and the text names --plot and
+    the launcher's flags."""
+    p = subprocess.Popen([sys.executable, "trainer.py", "--help"], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    p.stdout.close()  # the reader is gone before the first write
+    assert p.wait(timeout=120) == 0 and p.stderr.read() == ""
+    out = subprocess.run([sys.executable, "trainer.py", "--help"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120).stdout
+    for flag in ("--plot RUN_DIR", "--nproc_per_node=N", "--nnodes=M", "--node_rank=R", "--master_addr=A",
+                 "--master_port=P"):
+        assert flag in out, flag

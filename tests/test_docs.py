@@ -79,6 +79,7 @@ NOT_KEYS = {  # backticked names in the docs that look like config keys and are 
     "base_model_name_or_path": "a field of PEFT's adapter_config.json (lora.md: the export)",
     **dict.fromkeys(("step_vs_plain", "update_vs_plain_fwd_bwd", "padding_frac", "shared_prompt_frac",
                      "old_logprob_share"), "a figure benchmarks/bench_step.py prints (speed.md)"),
+    "one_vs_ranks_busy": "a figure benchmarks/bench_load.py prints (speed.md)",
 }
 FOREIGN = re.compile(r"(?:TRL|verl|slime|vLLM|PEFT)(?:'s)? $")  # `name` right after these is that tool's name
 

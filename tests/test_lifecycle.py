@@ -300,6 +300,9 @@ def test_end_of_run_summary_gives_every_evaluation_with_pass_at_k(tmp_path, caps
                                                    ["10", "0.600", "0.350", "0.610", "0.400"],
                                                    ["20", "0.700", "0.400", "0.620", "0.600"]]
     assert out[5].startswith("20 steps in 10 s")
+    assert report.steps_done(3, 4) == "1 step (resumed after step 3: step 4)"  # not "1 steps"
+    assert report.steps_done(3, 6) == "3 steps (resumed after step 3: steps 4..6)"
+    assert report.steps_done(0, 1) == "1 step"
 
 
 def test_native_stderr_goes_to_the_log_for_the_block_only(tmp_path, capfd):
@@ -313,3 +316,21 @@ def test_native_stderr_goes_to_the_log_for_the_block_only(tmp_path, capfd):
         raise RuntimeError("engine start failed")
     os.write(2, b"after\n")
     assert log.read_text() == "[W utils.cpp:68] Warning: NUMA binding\n" and capfd.readouterr().err == "after\n"
+
+
+def test_openmp_threads_wait_passively_from_before_torch_loads():
+    """trainer.py sets OMP_WAIT_POLICY=PASSIVE before torch loads its OpenMP runtime (which reads it once, at load):
+    with spinning waits one process beside two busy loops took 6.5 s per demo step, 2.2 s with sleeping ones
+    (benchmarks/bench_load.py, docs/speed.md). A user's own setting is kept."""
+    probe = ("import os, sys\n"
+             "class Seen:\n"
+             "    def find_spec(self, name, path=None, target=None):\n"
+             "        if name == 'torch':\n"
+             "            print('torch loads with', os.environ.get('OMP_WAIT_POLICY'), flush=True)\n"
+             "sys.meta_path.insert(0, Seen())\n"
+             "import trainer\n")
+    env = {k: v for k, v in ENV.items() if k != "OMP_WAIT_POLICY"}
+    for given, want in ((None, "PASSIVE"), ("ACTIVE", "ACTIVE")):
+        p = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                           env={**env, **({"OMP_WAIT_POLICY": given} if given else {})})
+        assert p.returncode == 0 and p.stdout.splitlines()[0] == f"torch loads with {want}", p.stdout + p.stderr[-2000:]
