@@ -38,13 +38,13 @@ _ACCESS_WORDS = {"load": "loads", "store": "stores to", "atomic": "updates atomi
 
 
 class GpuCompiler:
-    """Compiles each interpreted launch's kernel for sm_90 with that launch's argument types, constexprs and
-    options, as JITFunction.run would on a GPU (Triton's NVIDIA backend down to ptxas); a launch whose kernel
-    does not compile, or needs more shared memory or threads than an sm_90 block has, never runs. The interpreter
-    accepts what the GPU compiler refuses (kernel values as Python ints and bools, host functions over them), so
-    only code that compiles for a GPU is rewarded. Compiling starts processes (ptxas), which the candidate's own process may not:
-    a process forked before the candidate runs (_serve_compiles) does it, one request at a time over two pipes.
-    Results are cached per kernel and specialisation for the whole run."""
+    """Compiles each interpreted launch's kernel for sm_90 with that launch's argument types, constexprs and options, as
+    JITFunction.run would on a GPU (Triton's NVIDIA backend down to ptxas); a launch whose kernel does not compile,
+    or needs more shared memory or threads than an sm_90 block has, never runs. The interpreter accepts what the GPU
+    compiler refuses (kernel values as Python ints and bools, host functions over them), so only code that compiles
+    for a GPU is rewarded. Compiling starts processes (ptxas), which the candidate's own process may not: a process
+    forked before the candidate runs (_serve_compiles) does it, one request at a time over two pipes. Results are
+    cached per kernel and specialisation for the whole run."""
 
     def __init__(self, text: str, load):
         from triton.backends.compiler import GPUTarget
@@ -167,8 +167,24 @@ class Programs:
         self.rng = random.Random(os.urandom(16))       # never the candidate's RNG, never a seed it could know
         self.dims = self.program = None                # the running launch's grid, and the program that runs
         self.atomic = False                            # inside an atomic operation of the interpreter
+        self.storages = (np.zeros(0, np.uint64), np.zeros(0, np.uint64), [])     # bind: (starts, ends, names)
+        self.outside = None
+
+    def bind(self, arguments: dict) -> None:
+        """The launch's arguments, before it runs: every access must stay inside the storage of a tensor among
+        them (memcheck's rule: a view's whole storage counts)."""
+        spans = {}
+        for name, value in arguments.items():
+            for t in value if type(value) is tuple else (value,):
+                if isinstance(t, torch.Tensor):
+                    storage = t.untyped_storage()
+                    spans.setdefault(storage.data_ptr(), (storage.data_ptr() + storage.nbytes(), name))
+        starts = sorted(spans)
+        self.storages = (np.array(starts, np.uint64), np.array([spans[a][0] for a in starts], np.uint64),
+                         [spans[a][1] for a in starts])
 
     def start(self, dims: tuple) -> None:
+        self.outside = None                            # the launch's first access outside every storage
         n = math.prod(dims)
         self.dims, self.program, self.order = dims, None, list(range(n))
         while n > 1 and self.order == sorted(self.order):
@@ -195,8 +211,13 @@ class Programs:
             kind = {"load": "atomic_load", "store": "atomic"}.get(kind, kind)
         addresses = ptrs.data if mask is None else ptrs.data[np.broadcast_to(mask.data, ptrs.data.shape)]
         size = max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
-        self.pending[kind].append((addresses.astype(np.uint64).reshape(-1, 1) +
-                                   np.arange(size, dtype=np.uint64)).ravel())
+        touched = (addresses.astype(np.uint64).reshape(-1, 1) + np.arange(size, dtype=np.uint64)).ravel()
+        self.pending[kind].append(touched)
+        starts, ends, _ = self.storages
+        at = np.searchsorted(starts, touched, "right") - 1
+        outside = (at < 0) | (touched >= ends[np.maximum(at, 0)])
+        if self.outside is None and outside.any():
+            self.outside = (kind, self.program, int(touched[np.argmax(outside)]), int(outside.sum()))
 
     def _flush(self) -> None:
         for kind, parts in self.pending.items():
@@ -215,6 +236,14 @@ class Programs:
         self._flush()
         found = [f"gpu_compile: {kernel}: grid {self.dims} over CUDA's limits {_GPU_GRID}"] \
             if any(d > top for d, top in zip(self.dims, _GPU_GRID)) else []
+        if self.outside:
+            kind, program, address, count = self.outside
+            starts, ends, names = self.storages
+            near = int(np.argmin([min(abs(int(a) - address), abs(int(e) - 1 - address)) for a, e in
+                                  zip(starts, ends)])) if names else None
+            found.append(f"out_of_bounds: {kernel}: {names[near] if names else '-'}: program "
+                         f"{self._index(program)} {_ACCESS_WORDS[kind]} {count} bytes outside every tensor "
+                         f"argument's storage (first at {address - int(starts[near]) if names else address:+d})")
         for kind, others in _CONFLICTS:
             clash = _first_clash(self._spans((kind,)), self._spans(others))
             if clash is not None:
@@ -238,12 +267,12 @@ class Programs:
         def who(kinds):
             return [(p, k) for k in kinds for a, p in self.touched[k] if address in a]
         (p, k), (q, j) = next((a, b) for a in who((kind,)) for b in who(others) if a[0] != b[0])
-        where = next((f"element {(address - t.data_ptr()) // t.element_size()} of {name}"
-                      for name, t in arguments.items() if isinstance(t, torch.Tensor) and
-                      0 <= address - t.data_ptr() < t.element_size() * (1 + sum((s - 1) * d for s, d in
-                                                                                zip(t.shape, t.stride())))),
-                     "memory outside the tensor arguments")
-        return f"program {self._index(p)} {_ACCESS_WORDS[k]} {where}, which program {self._index(q)} " \
+        name, where = next(((name, f"element {(address - t.data_ptr()) // t.element_size()} of {name}")
+                            for name, t in arguments.items() if isinstance(t, torch.Tensor) and
+                            0 <= address - t.data_ptr() < t.element_size() * (1 + sum((s - 1) * d for s, d in
+                                                                                      zip(t.shape, t.stride())))),
+                           ("-", "memory outside the tensor arguments"))
+        return f"{name}: program {self._index(p)} {_ACCESS_WORDS[k]} {where}, which program {self._index(q)} " \
                f"{_ACCESS_WORDS[j]}"
 
 
@@ -309,3 +338,22 @@ class Interpreted:
 
     def hook(self) -> None:
         hook_programs(self.programs)
+        hook_numerics()
+
+
+def hook_numerics() -> None:
+    """tl.dot as sm_90 computes it: fp32 operands rounded to TF32 (10 mantissa bits) when the effective input
+    precision is tf32, the default for fp32 there; ieee and tf32x3 stay exact (tf32x3 is within fp32 rounding of
+    it). The interpreter multiplies in full fp32 whatever the precision, so a kernel that needs ieee for the task's
+    1e-4 tolerance and does not ask for it passed on CPU and failed on a GPU."""
+    from triton._C.libtriton import ir
+    from triton.runtime.interpreter import InterpreterBuilder as B, TensorHandle, _round_f32_to_tf32
+    dot = B.create_dot
+
+    def create_dot(self, a, b, d, input_precision, *rest):
+        if input_precision == ir.INPUT_PRECISION.TF32:
+            a, b = (TensorHandle(_round_f32_to_tf32(x.data), x.dtype.scalar) if x.dtype.scalar == tl.float32 else x
+                    for x in (a, b))
+        return dot(self, a, b, d, input_precision, *rest)
+    B.create_dot = create_dot
+

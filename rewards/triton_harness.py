@@ -29,7 +29,9 @@ for tl.constexpr parameters: so no torch object reaches a kernel body. Grid and 
 host window where any aten op or bridge is a violation. On CPU the autotuner, which has no benchmarker under
 the interpreter, takes the first config. On CUDA the timed calls (3 warm-up + 20) run under the same audit and
 launch count as the checked call.
-At every interpreted launch (CPU) the GPU's own semantics are put back: rewards/triton_gpu.py.
+At every interpreted launch (CPU) the GPU's own semantics are put back: rewards/triton_gpu.py. On CPU every
+torch.empty* of the candidate's process outside kernel launches is also filled with garbage (NaN, random integers:
+_fill_garbage), as a GPU's reused allocator block would be, where CPU gives zero pages.
 """
 
 import inspect
@@ -62,6 +64,7 @@ _LAUNCH_ATEN = _FORWARD_ATEN | {"set_", "lift_fresh", "_local_scalar_dense"}
 # tensor -> numpy / Python data or raw memory: compute the audit can't see
 _BRIDGES = ("numpy", "tolist", "__array__", "untyped_storage", "storage")
 _SCALARS = (int, float, bool, str, type(None))
+_EMPTY = frozenset("empty empty_like empty_strided new_empty new_empty_strided".split())   # uninitialised memory
 _TIME_WARMUP, _TIME_ITERS = 3, 20
 _CANDIDATE = os.path.abspath("candidate.py")
 
@@ -74,6 +77,7 @@ class _Audit(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.violations, self.launches, self.depth, self.host, self.phase = set(), 0, 0, False, None
+        self.garbage = None          # a torch.Generator: fresh memory (torch.empty*) is filled from it (CPU)
 
     @classmethod
     def _should_skip_dynamo(cls):
@@ -83,10 +87,14 @@ class _Audit(TorchDispatchMode):
         return "grid/heuristics" if self.host else "kernel body" if self.depth else self.phase
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
         if self.phase and self.host or self.phase == "forward" and \
-                func.overloadpacket.__name__ not in (_LAUNCH_ATEN if self.depth else _FORWARD_ATEN):
+                name not in (_LAUNCH_ATEN if self.depth else _FORWARD_ATEN):
             self.violations.add(f"{self.where()}: {func}")
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        if self.garbage and name in _EMPTY and not self.depth:
+            _fill_garbage(out, self.garbage)
+        return out
 
     def in_host(self, fn, *args):
         """fn(*args) (a grid or heuristics callable) with every aten op and bridge a violation."""
@@ -95,6 +103,17 @@ class _Audit(TorchDispatchMode):
             return fn(*args)
         finally:
             self.host = host
+
+
+def _fill_garbage(t: torch.Tensor, generator: torch.Generator) -> None:
+    """What a GPU's reused allocator block holds, in place of CPU's zero pages: NaN in floating tensors, random
+    values in the rest, so a kernel that leaves part of its output unwritten cannot pass by the zeros."""
+    if t.is_floating_point() or t.is_complex():
+        t.fill_(float("nan"))
+    elif t.dtype == torch.bool:
+        t.random_(0, 2, generator=generator)
+    else:
+        t.random_(generator=generator)
 
 
 def _argument_problem(value, constexpr: bool) -> str | None:
@@ -155,12 +174,15 @@ def _hook_launches(audit: _Audit, interpreted) -> None:
                 return None
             audit.launches += not warmup
             audit.depth += 1
+            arguments = {**dict(zip(self.arg_names, args)), **kwargs}
             try:
+                if checked:
+                    checked.programs.bind(arguments)
                 out = run(self, *args, grid=(lambda meta: audit.in_host(grid, meta)) if callable(grid) else grid,
                           warmup=warmup, **kwargs)
                 if checked:
                     audit.violations.update(v[:_VIOLATION_CHARS] for v in checked.programs.finish(
-                        self.fn.__name__, {**dict(zip(self.arg_names, args)), **kwargs}))
+                        self.fn.__name__, arguments))
                 return out
             finally:
                 audit.depth -= 1
@@ -280,6 +302,7 @@ class _Candidate:
         cpu = self.job["device"] == "cpu"
         if cpu:
             from triton_gpu import Interpreted     # shipped beside this file (the GPU's semantics, CPU only)
+            self.audit.garbage = torch.Generator().manual_seed(int.from_bytes(os.urandom(7), "little"))
         _hook_launches(self.audit, Interpreted(text, self.load) if cpu else None)    # forks the compiler (CPU)
         _guard_bridges(self.audit)
         threads = _threads()

@@ -25,8 +25,10 @@ Reason codes, in the order they are checked:
   lint_import, lint_name, lint_string, lint_source, lint_launch, lint_no_model, lint_no_kernel,
   lint_kernel_not_launched, lint_torch_op (static, or at run time: detail starts "runtime"; a launch the harness
   refused is lint_launch "runtime: launch ..."), gpu_compile (at run time: a launch's kernel does not compile for
-  sm_90 with that launch's types and constexprs, or its grid is over CUDA's limits), race (at run time: one
-  program of a launch stores, or updates atomically, what another accesses without an atomic); no_sandbox (no
+  sm_90 with that launch's types and constexprs, or its grid is over CUDA's limits), out_of_bounds (at run time:
+  a load, store or atomic outside the storage of every tensor argument of its launch), race (at run time: one
+  program of a launch stores, or updates atomically, what another accesses without an atomic; for both, what a
+  tool may show names the kernel and the argument only); no_sandbox (no
   bwrap and no opt-out: rewards/sandbox.py); reference_error (the task's own code failed), sandbox_error; timeout,
   oom (the sandbox's memory cgroup), crash (killed by a signal, exited non-zero or wrote a malformed result),
   early_exit (exited before writing a result, or SystemExit); compile_error (module import or Triton compilation
@@ -38,6 +40,7 @@ import io
 import json
 import math
 import os
+import re
 import secrets
 import threading
 import time
@@ -126,8 +129,12 @@ _META_KEYS = frozenset({"error", "detail", "phase", "n_out", "launches", "violat
 _PHASES = ("import", "init", "forward")     # where the harness's error happened (or null); "import": no input existed
 # a run-time violation's reason by its prefix (lint_torch_op without one: aten ops, bridges, threads), and the order
 # in which the reasons win: a refused launch, host compute, a kernel the GPU compiler refuses, a race
-_VIOLATION_PREFIXES = {"launch:": "lint_launch", "gpu_compile:": "gpu_compile", "race:": "race"}
-_VIOLATION_ORDER = ("lint_launch", "lint_torch_op", "gpu_compile", "race")
+_VIOLATION_PREFIXES = {"launch:": "lint_launch", "gpu_compile:": "gpu_compile", "out_of_bounds:": "out_of_bounds",
+                       "race:": "race"}
+_VIOLATION_ORDER = ("lint_launch", "lint_torch_op", "gpu_compile", "out_of_bounds", "race")
+# what of a race or bounds violation a tool may show: the kernel and the argument (names from the candidate's own
+# text); the rest (programs, elements, offsets) can be computed from hidden input values and stays in detail
+_NAMED_VIOLATION = re.compile(r"(race|out_of_bounds): (\w{1,64}|-): (\w{1,64}|-):")
 _MAX_HEADER = 1 << 18          # bytes of safetensors header: a few dozen tensor entries and meta (<= 80 KB)
 _MAX_OUTPUTS = 64              # outputs per case the header may list (the reference's count is checked later)
 _MIN_RESULT_MB = 16            # files the candidate writes: its result, and Triton's cache on CUDA
@@ -237,8 +244,11 @@ def _compare(cases: list, result: dict) -> tuple:
         reasons = [next((r for p, r in _VIOLATION_PREFIXES.items() if v.startswith(p)), "lint_torch_op")
                    for v in result["violations"]]
         reason = min(reasons, key=_VIOLATION_ORDER.index)
-        detail = f"runtime: {[v for v, r in zip(result['violations'], reasons) if r == reason][:5]}"
-        return reason, detail, detail, None
+        chosen = [v for v, r in zip(result["violations"], reasons) if r == reason][:5]
+        if reason in ("race", "out_of_bounds"):
+            public = sorted({m.group(0)[:-1] if (m := _NAMED_VIOLATION.match(v)) else reason for v in chosen})
+            return reason, f"runtime: {chosen}", f"runtime: {public}", None
+        return reason, f"runtime: {chosen}", f"runtime: {chosen}", None
     if min(result["launches"]) < 1:
         detail = "runtime: a forward call launched no Triton kernel"
         return "lint_kernel_not_launched", detail, detail, None
