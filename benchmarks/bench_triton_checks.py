@@ -6,9 +6,9 @@ programs, on the shipped solutions (CPU, the interpreter). A table, then one JSO
 
 Each solution runs through the candidate sandbox (rewards/triton_kernel.py's _sandbox, the task's cached reference
 stdin) with four copies of rewards/triton_harness.py: as shipped, without the compile, without the race check,
-without both (the harness itself has no switch: the copies replace _GpuCompiler / _hook_programs). Every copy also
-times, inside the sandbox, the candidate's run (_Candidate.run), the calls of _GpuCompiler.problem (the process
-waiting on the compiling process) and of _Programs.record / finish, and writes them to stderr. Per task: the median
+without both (the harness itself has no switch: the copies replace rewards/triton_gpu.py's GpuCompiler /
+hook_programs). Every copy also times, inside the sandbox, the candidate's run (_Candidate.run), the calls of GpuCompiler.problem (the process
+waiting on the compiling process) and of Programs.record / finish, and writes them to stderr. Per task: the median
 sandbox wall and candidate-run time of each variant over --reps, and the shipped copy's compile and race-check
 seconds. Every run must score ok.
 """
@@ -30,6 +30,7 @@ from rewards import triton_kernel  # noqa: E402
 
 TIMED = '''
 import time as _time
+import triton_gpu
 _SPENT = {"compile": 0.0, "race": 0.0}
 
 
@@ -45,9 +46,9 @@ def _timed(cls, name, key):
     setattr(cls, name, run)
 
 
-_timed(_GpuCompiler, "problem", "compile")
-_timed(_Programs, "record", "race")
-_timed(_Programs, "finish", "race")
+_timed(triton_gpu.GpuCompiler, "problem", "compile")
+_timed(triton_gpu.Programs, "record", "race")
+_timed(triton_gpu.Programs, "finish", "race")
 _timed(_Candidate, "run", "run")
 _run = _Candidate.run
 
@@ -60,8 +61,9 @@ def _report(self):
 
 _Candidate.run = _report
 '''
-NO_COMPILE = "\n_GpuCompiler.__init__ = lambda self, text: None\n_GpuCompiler.problem = lambda self, *args: None\n"
-NO_RACE = "\n_hook_programs = lambda programs: None\n"
+NO_COMPILE = "\nimport triton_gpu\ntriton_gpu.GpuCompiler.__init__ = lambda self, text, load: None\n" \
+    "triton_gpu.GpuCompiler.problem = lambda self, *args: None\n"
+NO_RACE = "\nimport triton_gpu\ntriton_gpu.hook_programs = lambda programs: None\n"
 VARIANTS = {"shipped": "", "no_compile": NO_COMPILE, "no_race": NO_RACE, "neither": NO_COMPILE + NO_RACE}
 
 

@@ -17,20 +17,22 @@
 stdin/stdout: the program runs in one sandbox; this process compares its stdout with the expected output,
 which never enters the sandbox.
 
-Assert tests: two sandboxes per test, joined by two pipes. The candidate's process (_SERVE) runs the code, then
-only answers requests: look up a top-level name, read an attribute, call, iterate. The tester's process
-(_TEST) runs the test source (which exists only there); a free name of the test that is a standard-library
-module (an MBPP test's `math.isclose` without its own `import math`) is imported there, never taken from the
-candidate, and every other free name that is not a builtin is bound to a proxy of the candidate's object of that
-name: the candidate's definitions are visible under the names the test asks for and nowhere else. Each call
-sends the arguments as JSON of plain values and gets back the result the same way (or a handle to an object that
-is not plain data, which equals only itself), and list / dict / set arguments are updated in place with their
-state after the call. The tester decides the verdict and writes it; the candidate can neither read the test (the
-expected values stay in the tester), nor reach the tester's memory, builtins, exec or exit code: it can only
-answer calls. A candidate that defines a builtin name the test uses fails that test (the test would otherwise
-call whichever one it liked); one whose entry point is named like a standard-library module the test uses fails
-too (the test gets the module). As in plain Python, a test's list argument holds what the call left in it:
-`assert f(xs) == sorted(xs)` sorts what f left in xs (a test that needs the original must copy it first).
+Assert tests: two sandboxes per test, joined by two pipes. The candidate's process (_SERVE) runs the code, then only
+answers requests: look up a top-level name, read an attribute, call, iterate. The tester's process (_TEST) runs the
+test source (which exists only there); a free name of the test that is a standard-library module (an MBPP test's
+`math.isclose` without its own `import math`) or a common third-party one under its usual name (`np`, `pd`: MODULES)
+is imported there, never taken from the candidate, and every other free name that is not a builtin is bound to a
+proxy of the candidate's object of that name: the candidate's definitions are visible under the names the test asks
+for and nowhere else. Each call sends the arguments as JSON of plain values and gets back the result the same way
+(or a handle to an object that is not plain data, which equals only itself), and list / dict / set arguments are
+updated in place with their state after the call. The tester decides the verdict and writes it; the candidate can
+neither read the test (the expected values stay in the tester), nor reach the tester's memory, builtins, exec or
+exit code: it can only answer calls. An exception the candidate raises (StopIteration included) fails that test
+(CandidateRaised, which neither the test's `except` nor an iterator protocol can catch). A candidate that defines a
+builtin name the test uses fails that test (the test would otherwise call whichever one it liked); one whose entry
+point is named like a standard-library module the test uses fails too (the test gets the module). As in plain
+Python, a test's list argument holds what the call left in it: `assert f(xs) == sorted(xs)` sorts what f left in xs
+(a test that needs the original must copy it first).
 """
 import ast
 import builtins
@@ -184,6 +186,11 @@ while True:
 _TEST = _WIRE + r'''
 import ast, builtins, importlib, sys
 STDLIB = frozenset(n for n in sys.stdlib_module_names if not n.startswith("_"))
+# third-party modules a test may use under their usual names without importing them: always the real module
+# (or unbound when not installed: the test fails), never an object of the candidate's
+MODULES = {"np": "numpy", "numpy": "numpy", "pd": "pandas", "pandas": "pandas", "scipy": "scipy", "sp": "scipy",
+           "plt": "matplotlib.pyplot", "matplotlib": "matplotlib", "nx": "networkx", "networkx": "networkx",
+           "sympy": "sympy", "torch": "torch"}
 DEADLINE = time.monotonic() + float(os.environ["RL_TEST_S"])
 chan = Channel(int(os.environ["RL_RESP_FD"]), int(os.environ["RL_REQ_FD"]))
 
@@ -192,8 +199,9 @@ class Gone(Exception):
     pass
 
 
-class RemoteError(Exception):
-    pass
+class CandidateRaised(BaseException):
+    """The candidate's code raised: that test fails. A BaseException, so no `except` of the test's and no
+    StopIteration protocol (all(map(f, xs)) ending early) turns it into control flow."""
 
 
 def ask(msg):
@@ -205,9 +213,7 @@ def ask(msg):
     if type(reply) is not dict:
         raise ValueError("malformed reply")
     if "raise" in reply:
-        name = reply["raise"]
-        cls = getattr(builtins, name, None) if type(name) is str else None
-        raise cls() if isinstance(cls, type) and issubclass(cls, Exception) else RemoteError(str(name)[:100])
+        raise CandidateRaised(str(reply["raise"])[:100])
     return reply
 
 
@@ -290,6 +296,12 @@ def verdict():
         if name in STDLIB:      # math, re, itertools, ...: the tester imports them, the candidate's are never asked
             ns[name] = importlib.import_module(name)
             continue
+        if name in MODULES:     # np, pd, ...: the real module or nothing
+            try:
+                ns[name] = importlib.import_module(MODULES[name])
+            except ImportError:
+                pass
+            continue
         reply = ask({"op": "get", "name": name})
         if "missing" in reply:
             continue
@@ -304,6 +316,8 @@ try:
     result = verdict()
 except AssertionError:
     result = "wrong_answer"
+except CandidateRaised:
+    result = "runtime_error"
 except Gone:
     result = "early_exit"
 except TimeoutError:

@@ -15,8 +15,8 @@ Each worker is its own spawned process fed one job at a time over a pipe. A work
   job     fn(*job) -> (score, info). The wall limit `timeout_s` starts at "started". A job that outlives it gets
           its worker killed and replaced and scores 0 with reason "timeout"; a worker that dies scores 0 with
           reason "crash". Neither stops the batch, and nothing else in the batch is scored 0 for it.
-Inside a job, `time_left()` is the seconds before the pool kills it: a scorer with its own limit (the sandbox) takes
-min(its limit, time_left() - a margin), so the inner limit fires first and cleans up after itself.
+Inside a job, `time_left()` (rewards/deadline.py) is the seconds before the pool kills it: a scorer with its own
+limit (the sandbox) takes min(its limit, time_left() - a margin), so the inner limit fires first and cleans up.
 
 Files: every worker's temporary files (tempfile, TMPDIR: the sandbox's scratch dirs, captured output, a candidate's
 inputs) live in its own directory under one root per pool, `$TMPDIR/rlpool-<parent pid>-*`. A killed worker's
@@ -35,23 +35,17 @@ import types
 from multiprocessing.connection import wait
 from pathlib import Path
 
+from rewards.deadline import set_deadline
 from tasks import prepare_row, score_row
 
 MAX_START_FAILURES = 3  # consecutive failed worker starts before the pool gives up (WorkerStartError)
-_DEADLINE: float | None = None  # in a worker: time.monotonic() at which the pool kills the running job
 
 
 class WorkerStartError(RuntimeError):
     """Workers keep dying or hanging before they are ready: the job function cannot even be imported."""
 
 
-def time_left() -> float | None:
-    """Seconds before the pool's wall limit kills the job this worker runs; None outside a pool job."""
-    return None if _DEADLINE is None else _DEADLINE - time.monotonic()
-
-
 def _worker(conn, fn, prepare, tmp: str, timeout_s: float) -> None:
-    global _DEADLINE
     for sig in (signal.SIGINT, signal.SIGTERM):  # the trainer owns shutdown: a Ctrl-C or SIGTERM meant for the
         signal.signal(sig, signal.SIG_IGN)     # run must not kill its reward workers mid-batch
     os.environ["TMPDIR"] = tempfile.tempdir = tmp  # everything temporary lands where the pool can delete it
@@ -64,12 +58,12 @@ def _worker(conn, fn, prepare, tmp: str, timeout_s: float) -> None:
             if prepare is not None:
                 prepare(*job)
             conn.send("started")
-            _DEADLINE = time.monotonic() + timeout_s
+            set_deadline(timeout_s)
             conn.send(fn(*job))
         except Exception as e:  # a reward bug scores 0 for that sample, the worker lives on
             conn.send((0.0, {"reason": "error", "error": f"{type(e).__name__}: {e}"[:300]}))
         finally:
-            _DEADLINE = None
+            set_deadline(None)
 
 
 def _spawn_without_main(proc, fns) -> None:

@@ -41,7 +41,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from rewards.pool import time_left
+from rewards.deadline import time_left
 
 OPT_OUT_ENV = "RL_SANDBOX_OPT_OUT"   # "1": run untrusted code even without bwrap (rlimits only)
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc/ld.so.cache", "/etc/ld.so.conf",
@@ -190,7 +190,7 @@ def rank_gpu_env(env=os.environ) -> dict:
 
 def inner_limit(timeout_s: float) -> float:
     """The wall limit a sandbox may take: timeout_s, cut to the time the pool job running this call has left minus
-    CLEANUP_S (rewards/pool.py's time_left; none outside a pool job), never below 0. Each limit below the pool's
+    CLEANUP_S (rewards/deadline.py's time_left; none outside a pool job), never below 0. Each limit below the pool's
     is derived from it this way, so the innermost fires first and cleans up after itself."""
     left = time_left()
     return timeout_s if left is None else max(0.0, min(timeout_s, left - CLEANUP_S))

@@ -25,7 +25,8 @@ max_obs_tokens, cut and said so), no_sandbox (a code tool without isolation: fai
 
 Observations are data: every text an environment returns passes observation_text (in the tool worker, and again
 before it is tokenized) whatever the tool wrote into it: a str of valid UTF-8 (lone surrogates replaced), no control
-characters but newline and tab, at most MAX_OBS_CHARS characters.
+characters but newline and tab, at most MAX_OBS_CHARS characters. Its ids never hold an added token (special or not:
+chat markers, tool-call tokens, eos): Observations.text_ids, the one place every environment's output is tokenized.
 """
 import ast
 import importlib
@@ -293,16 +294,33 @@ class Observations:
             self.before, self.after = chat_observation_frame(tok)
         else:
             self.before, self.after = PLAIN_OBS.split("{}")
+        self.frame = [tok(t, add_special_tokens=False)["input_ids"] for t in (self.before, self.after)]
+        added = sorted(tok.get_added_vocab(), key=len, reverse=True)      # longest first: one match per place
+        self.controls = re.compile("|".join(map(re.escape, added)) if added else "(?!)")
 
     def ids(self, output) -> tuple[list[int], bool]:
-        """observation_text(output) as ids -> (observation ids, truncated)."""
+        """observation_text(output) as ids -> (observation ids, truncated): the frame's ids (its special tokens are
+        the template's), then the output's as text only (text_ids)."""
         output, cut_chars = observation_text(output)
-        out = self.tok(output, add_special_tokens=False)["input_ids"]
+        out = self.text_ids(output)
         cut = len(out) > self.max_tokens
         if cut:
-            output = self.tok.decode(out[:self.max_tokens]) + f"\n[output truncated: {len(out) - self.max_tokens} " \
-                                                              f"more tokens not shown]"
-        return self.tok(self.before + output + self.after, add_special_tokens=False)["input_ids"], cut or cut_chars
+            out = self.text_ids(self.tok.decode(out[:self.max_tokens]) + f"\n[output truncated: "
+                                f"{len(out) - self.max_tokens} more tokens not shown]")
+        return self.frame[0] + out + self.frame[1], cut or cut_chars
+
+    def text_ids(self, text: str) -> list[int]:
+        """text as ids of which none is an added token (special or not: <|im_start|>, </tool_call>, eos): each
+        place where the text spells one is tokenized a character at a time, the text between as usual. So what a
+        tool prints reads as the same text but can never forge a turn, a call or a stop."""
+        ids, at = [], 0
+        for m in self.controls.finditer(text):
+            ids += self._plain(text[at:m.start()]) + [i for ch in m.group() for i in self._plain(ch)]
+            at = m.end()
+        return ids + self._plain(text[at:])
+
+    def _plain(self, text: str) -> list[int]:
+        return self.tok(text, add_special_tokens=False)["input_ids"] if text else []
 
 
 class Episodes:

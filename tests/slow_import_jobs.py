@@ -11,7 +11,7 @@ time.sleep(float(os.environ.get("SLOW_IMPORT_S", "0")))
 def job(kind: str, arg=None):
     """quick -> (1.0, ok with the pool's time_left); hang -> sleeps; litter -> writes `arg` MB into the worker's
     temporary directory, then hangs; modules -> the heavy modules this worker has imported."""
-    from rewards.pool import time_left
+    from rewards.deadline import time_left
     if kind == "hang":
         time.sleep(600)
     if kind == "litter":

@@ -226,6 +226,33 @@ def test_tests_resolve_standard_modules_themselves(module, code):
     assert (score, info["reason"]) == (1.0, "ok"), info
 
 
+# ---- issue 44: a candidate's exception is that test's failure, never the test's control flow; third-party
+# modules a test uses without importing them (`np`) are the real ones. Each attack scored 1.0 before.
+STOPS_ITERATION = "def is_even(n):\n    raise StopIteration"
+CAUGHT_BY_THE_TEST = "def is_even(n):\n    raise KeyError(n)"
+OWN_NUMPY = """class np:
+    @staticmethod
+    def isclose(*args, **kwargs):
+        return True
+def circle_area(r):
+    return 0"""
+RAISE_TESTS = ["assert all(map(is_even, [2, 4, 6]))",
+               "try:\n    assert is_even(8)\nexcept KeyError:\n    pass"]
+NUMPY_TESTS = ["assert np.isclose(circle_area(2), 12.566, rtol=1e-3)"]
+
+
+@pytest.mark.parametrize("code, tests, reason, honest", [
+    (STOPS_ITERATION, RAISE_TESTS[:1], "runtime_error", "def is_even(n):\n    return n % 2 == 0"),
+    (CAUGHT_BY_THE_TEST, RAISE_TESTS[1:], "runtime_error", "def is_even(n):\n    return n % 2 == 0"),
+    (OWN_NUMPY, NUMPY_TESTS, "wrong_answer", "import math\ndef circle_area(r):\n    return math.pi * r * r"),
+], ids=["stop_iteration_ends_all_early", "exception_caught_by_the_test", "own_numpy"])
+def test_candidate_exceptions_fail_and_third_party_modules_are_real(code, tests, reason, honest):
+    score, info = code_reward(fenced(code), tests)
+    assert (score, info["per_test"]) == (0.0, [reason]), info
+    score, info = code_reward(fenced(honest), tests)
+    assert (score, info["reason"]) == (1.0, "ok"), info
+
+
 def test_no_isolation_fails_closed(monkeypatch):
     monkeypatch.setattr(sandbox, "bwrap_problem", lambda: "bwrap not installed (apt-get install bubblewrap)")
     monkeypatch.delenv(OPT_OUT_ENV, raising=False)

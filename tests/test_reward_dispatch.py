@@ -48,3 +48,24 @@ def test_triton_eval_reads_the_trainers_eval_samples_and_checks_a_solution(tmp_p
     p = subprocess.run([sys.executable, "-m", "rewards.triton_eval", "--check", str(wrong)], cwd=root,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 1 and "relu: score 0.0" in p.stdout, p.stdout + p.stderr[-2000:]
+
+
+def test_rewards_has_no_import_circle_and_no_file_over_700_lines():
+    """Every module of rewards/ (and tasks.py, which dispatches to them) imports the others without a circle:
+    the pool's deadline lives in rewards/deadline.py, which imports nothing of the project."""
+    import ast
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    files = {f"rewards.{p.stem}": p for p in (root / "rewards").glob("*.py")} | {"tasks": root / "tasks.py"}
+    imports = {}
+    for name, path in files.items():
+        text = path.read_text()
+        assert len(text.splitlines()) <= 700, (path, len(text.splitlines()))
+        tree = ast.parse(text)
+        found = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module} | \
+            {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        imports[name] = found & set(files)
+
+    def circle(start, at, seen):
+        return any(d == start or d not in seen and circle(start, d, seen | {d}) for d in imports[at])
+    assert not [m for m in imports if circle(m, m, {m})], imports

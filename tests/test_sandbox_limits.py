@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from data.triton_tasks import load_tasks
-from rewards import pool as pool_module
+from rewards import deadline
 from rewards.pool import RewardPool
 from rewards.sandbox import CLEANUP_S, run_python
 from rollout.environments import CALL_CLOSE, CALL_OPEN, Episodes
@@ -46,7 +46,7 @@ def files_below(path) -> list:
 
 def test_a_sandbox_ends_before_its_pool_job(tmpdir_only, monkeypatch):
     """Inside a job with 6 s left a 60 s sandbox gets 6 - CLEANUP_S s, and its files are gone when it returns."""
-    monkeypatch.setattr(pool_module, "_DEADLINE", time.monotonic() + 6.0)
+    monkeypatch.setattr(deadline, "_DEADLINE", time.monotonic() + 6.0)
     t0 = time.monotonic()
     res = run_python(FLOOD, timeout_s=60.0)
     assert res.status == "timeout" and time.monotonic() - t0 < 6.0 - CLEANUP_S + 2.0, (res.status, res.wall_s)

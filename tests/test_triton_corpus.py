@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from data.triton_tasks import load_tasks
-from rewards import triton_kernel
+from rewards import triton_language
 from rewards.sandbox import bwrap_problem, running_sandboxes
 from rewards.triton_kernel import Malformed, _parse_result, _reference, execute, lint, triton_reward
 from triton_corpus.attacks import ATTACKS
@@ -94,14 +94,14 @@ def test_allowed_names_reach_no_module_evaluator_or_frame():
                                   builtins.__import__, builtins.open, builtins.globals, builtins.vars, builtins.locals,
                                   typing.get_type_hints, typing.ForwardRef, functools.singledispatch, sys._getframe,
                                   inspect.stack, inspect.currentframe, importlib.import_module]}
-    for name in sorted(triton_kernel._api_names() | triton_kernel._TORCH_INIT_OK | triton_kernel._TYPING):
+    for name in sorted(triton_language._api_names() | triton_language._TORCH_INIT_OK | triton_language._TYPING):
         value = _resolve(name)
         assert not isinstance(value, types.ModuleType) and id(value) not in evaluators, name
         if callable(value):
             assert (getattr(value, "__module__", None) or "").split(".")[0] in ("torch", "triton", "math", "typing"), name
-    assert all(callable(getattr(builtins, n)) for n in triton_kernel._BUILTINS)
-    assert not {n for n in triton_kernel._BUILTINS if id(getattr(builtins, n)) in evaluators}
-    assert triton_kernel._BUILTINS.isdisjoint(vars(interpreter))
+    assert all(callable(getattr(builtins, n)) for n in triton_language._BUILTINS)
+    assert not {n for n in triton_language._BUILTINS if id(getattr(builtins, n)) in evaluators}
+    assert triton_language._BUILTINS.isdisjoint(vars(interpreter))
 
 
 def _kernels_as_triton_reads_them(code: str, tmp_path, name: str) -> dict:
@@ -138,8 +138,8 @@ def test_linter_reads_the_text_triton_compiles(tmp_path):
         triton_reads = _kernels_as_triton_reads_them(code, tmp_path, f"candidate_{i}")
         assert triton_reads, cid
         for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in triton_reads):
-            assert triton_kernel._triton_sources(lines, fn)[1:] == triton_reads[fn.name], (cid, fn.name)
-            same = triton_kernel._same_function(triton_reads[fn.name][0], triton_kernel._undecorated(fn))
+            assert triton_language._triton_sources(lines, fn)[1:] == triton_reads[fn.name], (cid, fn.name)
+            same = triton_language._same_function(triton_reads[fn.name][0], triton_language._undecorated(fn))
             assert same == (cid != attack.id), (cid, fn.name)
 
 

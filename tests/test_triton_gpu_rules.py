@@ -6,7 +6,7 @@ or wrong_output under the permuted program order), the linter takes under 2 s on
 take seconds to minutes (over 100 KB: lint_size), and the honest kernels the new rules must keep (builtins on
 constexprs, atomics, persistent tl.range loops, tl.reduce with a tuple combine, tl.swizzle2d) score 1.0. One run
 per class and one honest kernel are in the quick suite, the rest are slow. Unit tests of the race rule and the
-permuted order (rewards/triton_harness.py) run without a sandbox.
+permuted order (rewards/triton_gpu.py) run without a sandbox.
 """
 import time
 
@@ -15,7 +15,7 @@ import pytest
 
 from data.triton_tasks import load_tasks
 from rewards.sandbox import bwrap_problem, running_sandboxes
-from rewards.triton_harness import _Programs, _first_clash
+from rewards.triton_gpu import Programs, _first_clash
 from rewards.triton_kernel import lint, triton_reward
 from triton_corpus.gpu_rules import ATTACKS, HONEST
 
@@ -63,8 +63,8 @@ def test_honest_kernel_scores_one(cid, task, code):
 
 
 def _spans(*accesses) -> tuple:
-    """_Programs._spans of (address, program) pairs."""
-    programs = _Programs()
+    """Programs._spans of (address, program) pairs."""
+    programs = Programs()
     programs.touched = {"x": [(np.array([a], np.uint64), p) for a, p in accesses]}
     return programs._spans(("x",))
 
@@ -81,7 +81,7 @@ def test_race_rule():
 
 
 def test_programs_run_in_another_order_each_once():
-    programs = _Programs()
+    programs = Programs()
     for dims in [(2, 1, 1), (5, 1, 1), (3, 2, 2)]:
         programs.start(dims)
         ran = [programs.enter((x, y, z)) for x in range(dims[0]) for y in range(dims[1]) for z in range(dims[2])]
