@@ -832,11 +832,10 @@ def start_engine(run: Run):
             stale.unlink(missing_ok=True)
     dist.barrier()
     spec = VllmConfig(cfg.model_path, cfg.max_prompt_len + cfg.max_response_len, seed=cfg.seed,
-                      dtype="bfloat16" if run.device.type == "cuda" else "float32",
+                      dtype="bfloat16" if run.device.type == "cuda" else "float32", top_k=cfg.top_k, min_p=cfg.min_p,
                       gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
                       max_num_seqs=cfg.engine.max_num_seqs, enforce_eager=cfg.engine.enforce_eager,
-                      lora_rank=cfg.lora.rank, tensor_parallel_size=cfg.engine.tensor_parallel_size, top_k=cfg.top_k,
-                      min_p=cfg.min_p)
+                      lora_rank=cfg.lora.rank, tensor_parallel_size=cfg.engine.tensor_parallel_size)
     try:
         with report.native_stderr_to(run.run_dir / report.LOG_NAME):  # vLLM's C++ warnings: the log, not the console
             engine = RolloutEngine(spec, distributed=True)
@@ -951,8 +950,7 @@ def train_rl(cfg: Config) -> None:
     run.fill_old, run.fresh = old_logprob_strategy(cfg)
     run.correct = mismatch.correction(cfg.correction.mode, cfg.correction.low, cfg.correction.threshold)
     o = cfg.overlong
-    run.overlong = Overlong(cfg.max_response_len, o.buffer, o.filter, every_rank, o.penalty_factor) \
-        if o.buffer or o.filter else None
+    run.overlong = Overlong(cfg.max_response_len, o.buffer, o.filter, every_rank, o.penalty_factor) if o.buffer or o.filter else None
     run.episodes = start_episodes(run, rows + run.eval_rows)
     run.pool, run.engine = reward_pool(cfg), start_engine(run)
     run.scheduler = CoprisScheduler(
