@@ -26,7 +26,8 @@ import math
 import os
 from pathlib import Path
 
-from rewards.pool import RewardPool, time_left
+from rewards.deadline import time_left
+from rewards.pool import RewardPool
 from rewards.sandbox import refusal, run_python
 from tasks import prepare_row, score_row
 
