@@ -57,8 +57,9 @@ demo-tools: install
 	$(PY) trainer.py --nproc_per_node $(NPROC) --config configs/demo_tools.yaml --overwrite=true \
 	  --train_data=$(TOOLS)/data/rl_plain.jsonl --eval_data=$(TOOLS)/data/eval_plain.jsonl --run_dir=$(TOOLS)/rl_plain
 
-# The quick loop (about 7 min): every test but those marked slow. test-slow: the slow ones (about 20 min: resume of
-# PRIME/LoRA/TP runs, signals, end to end, LoRA, every shipped Triton solution). CI runs both; test-all: one go.
+# The quick loop (about 10 min quiet, 14 under load): every test but those marked slow. test-slow: the slow ones
+# (about 25 min quiet: resume of PRIME/LoRA/TP runs, signals, end to end, LoRA, every shipped Triton solution). CI runs
+# both; test-all: one go.
 test: install
 	$(PY) -m pytest -q tests -m "not slow"
 
