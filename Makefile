@@ -79,7 +79,8 @@ bench: install
 # A Qwen2.5-0.5B-shaped model (random weights, V=151936) through SFT, GRPO with CoPRIS and the vLLM engine on 1
 # process and 2 ranks, a resume that must continue identically, export and one request to the served export; seconds
 # and peak memory per phase (benchmarks/real_shape.py, docs/speed.md). About 10 min on 2 cores; the 2-rank pieces
-# peak at 11 GiB per rank (22 GiB free needed), the 1-process one at 15 GiB.
+# peak at 11 GiB per rank (22 GiB free needed), the 1-process one at 15 GiB. It leaves 52 GB under runs/real_shape
+# (0.5B checkpoints with Adam state): make clean removes it. Whole command, 2026-12-04: 513 s, resume identical.
 real-shape: install
 	$(PY) benchmarks/real_shape.py
 
