@@ -667,7 +667,7 @@ def evaluate(run: Run, samples_out: Path | None = None) -> dict:
     """Held-out accuracy per data_source and overall: greedy, mean@k and pass@k (unbiased), with
     k = eval_samples completions sampled at `temperature`. Each engine group generates its share of the rows; its
     ranks score every t-th. samples_out: rank 0 writes every completion with its score there (jsonl)."""
-    cfg, k, eg = run.cfg, run.cfg.eval_samples, run.eg
+    k, eg = run.cfg.eval_samples, run.eg
     if run.policy is not None:
         push_weights_if_stale(run)
     rows = run.eval_rows[eg.index::eg.count]

@@ -184,7 +184,7 @@ class _FusedLinearPPOLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h, weight, bias, targets, ins, cfg, needs, triton_rows, chunk):
-        N, V = h.shape[0], weight.shape[0]
+        N = h.shape[0]
         outs = {k: torch.empty(N, device=h.device, dtype=_acc_dtype(h)) for k in ("logp", "ent", "tok", "ratio")}
         outs["clipped"] = torch.empty(N, device=h.device, dtype=torch.int8)
         grads = _Grads(h, weight, bias, needs)

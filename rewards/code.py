@@ -34,8 +34,6 @@ point is named like a standard-library module the test uses fails too (the test 
 Python, a test's list argument holds what the call left in it: `assert f(xs) == sorted(xs)` sorts what f left in xs
 (a test that needs the original must copy it first).
 """
-import ast
-import builtins
 import json
 import os
 import re

@@ -9,7 +9,6 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 import typing
 from pathlib import Path
 

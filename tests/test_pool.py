@@ -3,10 +3,8 @@ the row's reward module), on a fresh pool and after every replaced worker; a wor
 failure of its own (the job goes to another worker, not scored 0); a killed worker's files go with it; spawned
 workers do not import the parent's main module (torch, vLLM, the trainer)."""
 import json
-import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest

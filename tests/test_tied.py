@@ -4,7 +4,6 @@ a rank that built other parameters stops the run with a message naming the diffe
 pushes, resumes and exports on 1 and 2 ranks with the engine sampling from the pushed policy. The engine's own
 parity after a push: tests/test_engine.py (tied)."""
 import json
-import os
 import subprocess
 import sys
 

@@ -7,7 +7,6 @@ reward/<function>, lr (linear schedule) and samples.jsonl, and its export serves
 import json
 import math
 import subprocess
-import sys
 
 import pytest
 
