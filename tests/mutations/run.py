@@ -225,6 +225,17 @@ MUTANTS = [
     ("overlong filtering keeps cut responses in the loss", "rewards/advantages.py",
      "r.mask = torch.zeros(len(r.response), dtype=torch.bool) if cut else r.mask", "pass",
      ["tests/test_wiring.py", "-k", "dr-grpo"]),
+    # day one (issue 46) and objectives round 2 (issue 47)
+    ("reward.weights ignored (every user function weighs 1)", "rewards/user.py",
+     "for spec, w in zip(funcs, weights or [1.0] * len(funcs)):", "for spec, w in zip(funcs, [1.0] * len(funcs)):",
+     ["tests/test_user_rewards.py"]),
+    ("ppo_epochs ignored (one pass over the batch)", "trainer.py",
+     "itertools.product(range(cfg.ppo_epochs), range(cfg.mini_batches))",
+     "itertools.product(range(1), range(cfg.mini_batches))", ["tests/test_ppo_epochs.py"]),
+    ("cosine schedule stays at the peak", "model.py", '"cosine": 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac))',
+     '"cosine": 1.0', ["tests/test_day_one.py", "-k", "lr_schedules"]),
+    ("overlong.penalty_factor not passed (always 1)", "trainer.py", "o.filter, every_rank, o.penalty_factor)",
+     "o.filter, every_rank, 1.0)", ["tests/test_wiring.py", "-k", "dr-grpo"]),
 ]
 
 
