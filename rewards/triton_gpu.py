@@ -330,6 +330,124 @@ def hook_programs(programs: Programs) -> None:
         setattr(B, name, atomically(getattr(B, name)))
 
 
+_SEMANTICS = "_triton_gpu_semantics"      # the interpreter's global through which rewritten kernels reach _Semantics
+
+
+class _Semantics:
+    """Python's builtins and boolean operators on kernel values as Triton's code generator compiles them (the
+    interpreter runs them as Python: max(x, slope * x) on blocks compared the blocks as a whole and returned one
+    of them, `x and y` returned one operand, `not x` a Python bool). Each method mirrors its counterpart in
+    triton/compiler/code_generator.py, calling the same triton.language functions with the interpreter's
+    semantic, so what the compiler refuses fails here too."""
+
+    @staticmethod
+    def call(fn, *args, **kwargs):
+        """fn(*args, **kwargs), where fn is the builtin min or max: builtin_min / builtin_max as the compiler's
+        builtin namespace maps them (all constexprs or Python scalars: Python's min / max; else tl.minimum /
+        tl.maximum folded left with propagate_nan NONE, NaN-ignoring as sm_90's minnum / maxnum)."""
+        from triton.language.core import _unwrap_if_constexpr, builtin_max, builtin_min
+        from triton.runtime.interpreter import interpreter_semantic
+        builtin = {min: builtin_min, max: builtin_max}.get(fn) if type(fn) is type(min) else None
+        if builtin is None:
+            return fn(*args, **kwargs)
+        return builtin(*map(_unwrap_if_constexpr, args), **kwargs, _semantic=interpreter_semantic)
+
+    @staticmethod
+    def bool_op(method: str, *operands):
+        """`a and b ...` / `a or b ...` (operands: thunks, evaluated lazily): constexprs short-circuit, the kernel
+        values left are combined right to left by logical_and / logical_or (code_generator's
+        _apply_boolean_values)."""
+        from triton.compiler.code_generator import _is_dynamic_boolean_operand
+        dynamic = []
+        for operand in operands:
+            value = operand()
+            if not _is_dynamic_boolean_operand(value):
+                if bool(value) is (method == "logical_or"):
+                    return value
+            else:
+                dynamic.append(value)
+        if not dynamic:
+            return value
+        while len(dynamic) >= 2:
+            rhs, lhs = dynamic.pop(), dynamic.pop()
+            dynamic.append(getattr(lhs, method)(rhs))
+        return dynamic[0]
+
+    @staticmethod
+    def not_(value):
+        """`not value`: the value's __not__ (a kernel value: logical not, which sm_90 refuses for non-int1
+        tensors), else constexpr(not value) (code_generator's visit_UnaryOp)."""
+        return value.__not__() if hasattr(type(value), "__not__") else tl.constexpr(not value)
+
+    @staticmethod
+    def truth(value):
+        """The condition of an `if`, `while` or conditional expression: a block of more than one element has no
+        truth value (the compiler refuses it; the interpreter took it as True)."""
+        if isinstance(value, tl.tensor) and value.handle.data.size > 1:
+            raise ValueError("Boolean value of Tensor with more than one value is ambiguous")
+        return value
+
+    @staticmethod
+    def assert_(test, msg=""):
+        """`assert test, msg`: tl.device_assert (code_generator's visit_Assert), a no-op unless debugging."""
+        from triton.runtime.interpreter import interpreter_semantic
+        return tl.device_assert(test, msg, _semantic=interpreter_semantic)
+
+
+def gpu_transformer():
+    """Triton's interpreter rewrite (ASTTransformer) plus _Semantics: in a kernel body, calls of `min` / `max`,
+    `and` / `or`, `not`, the conditions of if / while / conditional expressions and `assert` go through
+    _Semantics, reached by the global _SEMANTICS that the interpreter copies into every kernel's module (the
+    linter refuses files that bind it: triton_language._triton_reads)."""
+    import ast
+    from triton.runtime.interpreter import ASTTransformer
+
+    def semantics(method: str, args: list, keywords=()) -> ast.Call:
+        return ast.Call(ast.Attribute(ast.Name(_SEMANTICS, ast.Load()), method, ast.Load()), args, list(keywords))
+
+    def thunk(value) -> ast.Lambda:
+        return ast.Lambda(ast.arguments([], [], None, [], [], None, []), value)
+
+    class GpuTransformer(ASTTransformer):
+        def visit_Call(self, node):
+            node = self.generic_visit(node)
+            if isinstance(node.func, ast.Name) and node.func.id in ("min", "max"):
+                return ast.copy_location(semantics("call", [node.func, *node.args], node.keywords), node)
+            return node
+
+        def visit_BoolOp(self, node):
+            node = self.generic_visit(node)
+            method = "logical_and" if isinstance(node.op, ast.And) else "logical_or"
+            return ast.copy_location(semantics("bool_op", [ast.Constant(method), *map(thunk, node.values)]), node)
+
+        def visit_UnaryOp(self, node):
+            node = self.generic_visit(node)
+            return ast.copy_location(semantics("not_", [node.operand]), node) if isinstance(node.op, ast.Not) \
+                else node
+
+        def visit_If(self, node):
+            node = self.generic_visit(node)
+            node.test = ast.copy_location(semantics("truth", [node.test]), node.test)
+            return node
+
+        visit_While = visit_IfExp = visit_If
+
+        def visit_Assert(self, node):
+            node = self.generic_visit(node)
+            return ast.copy_location(ast.Expr(semantics("assert_", [node.test] + ([node.msg] if node.msg else []))),
+                                     node)
+
+    return GpuTransformer()
+
+
+def hook_semantics() -> None:
+    """Every interpreted kernel (the candidate's, its @jit helpers, triton.language's own) rewritten by
+    gpu_transformer."""
+    from triton.runtime import interpreter
+    setattr(interpreter, _SEMANTICS, _Semantics)
+    interpreter.FunctionRewriter.ast_transformer = gpu_transformer()
+
+
 class Interpreted:
     """What the harness adds to interpreted launches (CPU): the sm_90 compile and the permuted, race-checked grid."""
 
@@ -339,6 +457,7 @@ class Interpreted:
     def hook(self) -> None:
         hook_programs(self.programs)
         hook_numerics()
+        hook_semantics()
 
 
 def hook_numerics() -> None:

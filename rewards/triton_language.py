@@ -212,13 +212,15 @@ def _kernel_attrs() -> frozenset:
 @functools.cache
 def _triton_reads() -> frozenset:
     """Names the interpreter's rewrite of a kernel loads from the kernel's module (assignments go through
-    interpreter_semantic, chained comparisons through _InterpreterComparison): found by rewriting a probe with
-    Triton's own ASTTransformer. A file binding one would run its own code inside every launch."""
-    from triton.runtime.interpreter import ASTTransformer
+    interpreter_semantic, chained comparisons through _InterpreterComparison, builtins and boolean operators
+    through triton_gpu's _SEMANTICS): found by rewriting a probe with the rewrite the sandbox gives Triton's
+    interpreter. A file binding one would run its own code inside every launch."""
+    from rewards.triton_gpu import gpu_transformer
     probe = ast.parse("def k(a, b, c):\n    d = a < b < c\n    d += a\n    e: int = b\n    if a and b or not c:\n"
-                      "        return [f(a) for f in c][0].x\n    while a == b != c:\n        a, b = b, a\n")
+                      "        return [f(a) for f in c][0].x\n    while a == b != c:\n        a, b = b, max(a, 1)\n"
+                      "    assert a, b\n")
     before = {n.id for n in ast.walk(probe) if isinstance(n, ast.Name)}
-    rewritten = ASTTransformer().visit(copy.deepcopy(probe))
+    rewritten = gpu_transformer().visit(copy.deepcopy(probe))
     params = {a.arg for a in ast.walk(rewritten) if isinstance(a, ast.arg)}
     return frozenset(n.id for n in ast.walk(rewritten) if isinstance(n, ast.Name)) - before - params
 

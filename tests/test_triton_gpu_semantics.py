@@ -73,3 +73,101 @@ def test_race_and_bounds_messages_name_the_kernel_and_argument_only():
     score, info = triton_reward(CASES[0][2], TASKS["relu"], timeout_s=60)
     assert info["reason"] == "out_of_bounds" and "bytes outside" in info["detail"], info
     assert info["public"] == "runtime: ['out_of_bounds: relu_kernel: x_ptr']", info
+
+
+# ---- builtins and boolean operators on kernel values, as the compiler compiles them (triton_gpu._Semantics) ----
+# (form, its explicit twin): the sm_90 compiler gives both the same TTIR, so the interpreter must give both the
+# same result. x, y: fp32 blocks holding NaN and -0.0; n: an int32 scalar; slope: an fp32 scalar; C: a constexpr.
+AGREE = [
+    ("max(x, y)", "tl.maximum(x, y)"),
+    ("min(x, y, 0.5)", "tl.minimum(tl.minimum(x, y), 0.5)"),
+    ("max(x, slope * x)", "tl.maximum(x, slope * x)"),
+    ("max(n, 2) + x", "tl.maximum(n, 2) + x"),
+    ("min(C, 4) + x", "3 + x"),
+    ("((x > 0) and (y > 0)).to(tl.float32)", "((x > 0) & (y > 0)).to(tl.float32)"),
+    ("((x > 0) or (y > 0) or (x < -1)).to(tl.float32)", "((x > 0) | ((y > 0) | (x < -1))).to(tl.float32)"),
+    ("(not (x > 0)).to(tl.float32)", "(~(x > 0)).to(tl.float32)"),
+    ("x + (n > 4 and n < 100)", "x + ((n > 4) & (n < 100))"),
+    ("x + (C > 1 and n > 4)", "x + (n > 4)"),
+    ("x + (not C)", "x + 0"),
+    ("x if n > 4 or C > 5 else y", "x if n > 4 else y"),
+]
+REFUSED = ["x if x > 0 else y", "(not x).to(tl.float32)", "x + (x if x else y)"]
+KERNEL = '''
+@triton.jit
+def {name}(x_ptr, y_ptr, out_ptr, n, slope, C: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)
+    y = tl.load(y_ptr + offs)
+    r = {expr}
+    tl.store(out_ptr + offs, r)
+'''
+
+
+def _kernels(tmp_path, exprs: list):
+    """The module of one kernel per expression (k0, k1, ...), from a file (Triton reads kernels' source)."""
+    import importlib.util
+    path = tmp_path / "forms.py"
+    path.write_text("import triton\nimport triton.language as tl\n" +
+                    "".join(KERNEL.format(name=f"k{i}", expr=e) for i, e in enumerate(exprs)))
+    spec = importlib.util.spec_from_file_location("forms", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return [getattr(module, f"k{i}") for i in range(len(exprs))]
+
+
+def _ttir(kernel) -> str:
+    """The kernel's TTIR for sm_90, without locations and its name."""
+    import re
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, compile
+    from rewards.triton_gpu import _GPU_TARGET
+    signature = {"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "slope": "fp32",
+                 "C": "constexpr", "BLOCK": "constexpr"}
+    ttir = compile(ASTSource(kernel, signature, {"C": 3, "BLOCK": 16}), target=GPUTarget(*_GPU_TARGET)).asm["ttir"]
+    return re.sub(r"loc\([^)]*\)|#loc\d*|@k\d+", "", "\n".join(line for line in ttir.splitlines()
+                                                               if not line.startswith("#loc")))
+
+
+def _interpret(kernel, monkeypatch) -> "torch.Tensor":
+    """out of the kernel under Triton's interpreter with the sandbox's rewrite (n=7, slope=0.25, C=3)."""
+    import torch
+    from triton.runtime import interpreter
+    from rewards import triton_gpu
+    monkeypatch.setattr(interpreter, triton_gpu._SEMANTICS, triton_gpu._Semantics, raising=False)
+    monkeypatch.setattr(interpreter.FunctionRewriter, "ast_transformer", triton_gpu.gpu_transformer())
+    x = torch.tensor([1.5, -2.0, 0.0, -0.0, float("nan"), 3.0, -0.5, 0.25] * 2)
+    y = torch.tensor([-1.0, float("nan"), -0.0, 0.0, 2.0, 3.0, 0.75, -4.0] * 2)
+    out = torch.empty(16)
+    interpreter.InterpretedFunction(kernel.fn)[(1,)](x, y, out, 7, 0.25, C=3, BLOCK=16)
+    return out
+
+
+def test_builtins_and_boolean_operators_agree_with_the_compiler(tmp_path, monkeypatch):
+    import torch
+    kernels = _kernels(tmp_path, [e for pair in AGREE for e in pair])
+    for i, (form, twin) in enumerate(AGREE):
+        assert _ttir(kernels[2 * i]) == _ttir(kernels[2 * i + 1]), form
+        got, want = _interpret(kernels[2 * i], monkeypatch), _interpret(kernels[2 * i + 1], monkeypatch)
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (form, got, want)
+
+
+def test_what_the_compiler_refuses_fails_in_the_interpreter_too(tmp_path, monkeypatch):
+    for kernel, form in zip(_kernels(tmp_path, REFUSED), REFUSED):
+        with pytest.raises(Exception):
+            _ttir(kernel)
+        with pytest.raises(Exception):
+            _interpret(kernel, monkeypatch)
+
+
+LEAKY_BUILTIN_MAX = TASKS["leaky_relu"]["solution"].replace("tl.where(x >= 0, x, x * negative_slope)",
+                                                            "max(x, x * negative_slope)")
+
+
+@needs_bwrap
+def test_honest_leaky_relu_with_builtin_max_scores_one():
+    """Python's max on blocks compiles element-wise (tl.maximum); the interpreter compared the blocks as a whole
+    and returned one of them (wrong_output on main)."""
+    assert "max(x, x * negative_slope)" in LEAKY_BUILTIN_MAX and lint(LEAKY_BUILTIN_MAX) == (None, "")
+    score, info = triton_reward(LEAKY_BUILTIN_MAX, TASKS["leaky_relu"], timeout_s=60)
+    assert (score, info["reason"]) == (1.0, "ok"), info
