@@ -298,13 +298,13 @@ def hook_programs(programs: Programs) -> None:
     def set_grid_idx(self, x, y, z):
         return set_idx(self, *programs.enter((x, y, z)))
 
-    def masked_load(self, ptrs, mask, *rest):
+    def masked_load(self, ptrs, mask, *rest, **options):    # tensor descriptors pass options by keyword
         programs.record("load", ptrs, mask)
-        return load(self, ptrs, mask, *rest)
+        return load(self, ptrs, mask, *rest, **options)
 
-    def masked_store(self, ptrs, value, mask, *rest):
+    def masked_store(self, ptrs, value, mask, *rest, **options):
         programs.record("store", ptrs, mask)
-        return store(self, ptrs, value, mask, *rest)
+        return store(self, ptrs, value, mask, *rest, **options)
 
     def atomic_rmw(self, op, ptr, value, mask, *rest):
         programs.record("atomic", ptr, mask)

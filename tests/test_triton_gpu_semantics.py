@@ -171,3 +171,30 @@ def test_honest_leaky_relu_with_builtin_max_scores_one():
     assert "max(x, x * negative_slope)" in LEAKY_BUILTIN_MAX and lint(LEAKY_BUILTIN_MAX) == (None, "")
     score, info = triton_reward(LEAKY_BUILTIN_MAX, TASKS["leaky_relu"], timeout_s=60)
     assert (score, info["reason"]) == (1.0, "ok"), info
+
+
+DESCRIPTOR_RELU = model('''
+@triton.jit
+def relu_kernel(x_ptr, out_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, SHAPE_N], strides=[N, 1], block_shape=[BLOCK_M, BLOCK_N])
+    out_desc = tl.make_tensor_descriptor(out_ptr, shape=[M, N], strides=[N, 1], block_shape=[BLOCK_M, BLOCK_N])
+    m0 = tl.program_id(0) * BLOCK_M
+    n0 = tl.program_id(1) * BLOCK_N
+    out_desc.store([m0, n0], tl.maximum(x_desc.load([m0, n0]), 0.0))
+''', "M, N = x.shape\nout = torch.empty_like(x)\n"
+     "relu_kernel[(triton.cdiv(M, 16), triton.cdiv(N, 32))](x, out, M, N, BLOCK_M=16, BLOCK_N=32)\nreturn out")
+
+
+@needs_bwrap
+def test_tensor_descriptors_run_with_bounds_on_what_they_access():
+    """tl.make_tensor_descriptor / desc.load / desc.store (relu's 8 x 100 input: boxes of 16 x 32 cross both
+    edges, TMA zero-fills what lies outside the descriptor's shape) score 1.0 (main: lint_forbidden_call for
+    `.load`, and with the linter bypassed compile_error from the hooked masked_load's keyword arguments); a
+    descriptor whose shape claims 28 more columns than x has reads past x's storage: out_of_bounds."""
+    honest, overreach = DESCRIPTOR_RELU.replace("SHAPE_N", "N"), DESCRIPTOR_RELU.replace("SHAPE_N", "N + 28")
+    assert lint(honest) == lint(overreach) == (None, "")
+    score, info = triton_reward(honest, TASKS["relu"], timeout_s=60)
+    assert (score, info["reason"]) == (1.0, "ok"), info
+    score, info = triton_reward(overreach, TASKS["relu"], timeout_s=60)
+    assert (score, info["reason"]) == (0.0, "out_of_bounds"), info
+    assert info["public"] == "runtime: ['out_of_bounds: relu_kernel: x_ptr']", info
