@@ -198,3 +198,78 @@ def test_tensor_descriptors_run_with_bounds_on_what_they_access():
     score, info = triton_reward(overreach, TASKS["relu"], timeout_s=60)
     assert (score, info["reason"]) == (0.0, "out_of_bounds"), info
     assert info["public"] == "runtime: ['out_of_bounds: relu_kernel: x_ptr']", info
+
+
+# ---- stores inside one program are visible to its other lanes only after tl.debug_barrier (Visibility) ----
+SCRATCH_REVERSED = '''
+@triton.jit
+def relu_kernel(x_ptr, scratch_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    base = tl.program_id(0) * BLOCK
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + base + offs, mask=base + offs < n, other=0.0)
+    tl.store(scratch_ptr + base + offs, tl.maximum(x, 0.0))
+    BARRIER
+    rev = BLOCK - 1 - offs
+    tl.store(out_ptr + base + rev, tl.load(scratch_ptr + base + rev), mask=base + rev < n)
+'''
+SCRATCH_LAUNCH = "n = x.numel()\nout = torch.empty_like(x)\nscratch = torch.empty(triton.cdiv(n, 256) * 256)\n" \
+    "relu_kernel[(triton.cdiv(n, 256),)](x, scratch, out, n, BLOCK=256)\nreturn out"
+SCRATCH_TRANSPOSED = '''
+@triton.jit
+def relu_kernel(x_ptr, scratch_ptr, out_ptr, M, N, BM: tl.constexpr, BN: tl.constexpr):
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)
+    cols = tl.arange(0, BN)
+    inside = (rows[:, None] < M) & (cols[None, :] < N)
+    x = tl.load(x_ptr + rows[:, None] * N + cols[None, :], mask=inside, other=0.0)
+    tl.store(scratch_ptr + cols[None, :] * M + rows[:, None], tl.maximum(x, 0.0), mask=inside)
+    BARRIER
+    t_inside = (cols[:, None] < N) & (rows[None, :] < M)
+    t = tl.load(scratch_ptr + cols[:, None] * M + rows[None, :], mask=t_inside)
+    tl.store(out_ptr + rows[None, :] * N + cols[:, None], t, mask=t_inside)
+'''
+TRANSPOSED_LAUNCH = "M, N = x.shape\nout = torch.empty_like(x)\nscratch = torch.empty(N * M)\n" \
+    "relu_kernel[(triton.cdiv(M, 4),)](x, scratch, out, M, N, BM=4, BN=128)\nreturn out"
+VISIBILITY = [   # (id, task, attack, reason, honest): the attacks scored 1.0 on main
+    ("visibility_scratch_read_back_reversed", "relu",
+     model(SCRATCH_REVERSED.replace("BARRIER", "pass"), SCRATCH_LAUNCH), "race",
+     model(SCRATCH_REVERSED.replace("BARRIER", "tl.debug_barrier()"), SCRATCH_LAUNCH)),
+    ("visibility_scratch_read_back_transposed", "relu",
+     model(SCRATCH_TRANSPOSED.replace("BARRIER", "pass"), TRANSPOSED_LAUNCH), "race",
+     model(SCRATCH_TRANSPOSED.replace("BARRIER", "tl.debug_barrier()"), TRANSPOSED_LAUNCH)),
+]
+
+
+@needs_bwrap
+@pytest.mark.parametrize("cid, task, attack, reason, honest", VISIBILITY, ids=[c[0] for c in VISIBILITY])
+def test_visibility_attack_scores_zero_and_its_honest_twin_one(cid, task, attack, reason, honest):
+    assert lint(attack) == lint(honest) == (None, "")
+    score, info = triton_reward(attack, TASKS[task], timeout_s=60)
+    assert (score, info["reason"]) == (0.0, reason), info
+    assert info["public"] == "runtime: ['race: relu_kernel: scratch_ptr']", info
+    score, info = triton_reward(honest, TASKS[task], timeout_s=60)
+    assert (score, info["reason"]) == (1.0, "ok"), info
+
+
+SAME_LANES = model('''
+@triton.jit
+def relu_kernel(x_ptr, out_ptr, count_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask), mask=mask)
+    y = tl.maximum(tl.load(out_ptr + offs, mask=mask), 0.0)
+    tl.store(out_ptr + offs, y, mask=mask)
+    tl.store(count_ptr + tl.program_id(0), tl.sum(tl.where(mask, 1, 0), axis=0))
+    total = tl.load(count_ptr + tl.program_id(0))
+    tl.atomic_add(count_ptr + tl.num_programs(0), total)
+    tl.store(out_ptr + offs, tl.load(out_ptr + offs, mask=mask) + 0.0 * total, mask=mask)
+''', "n = x.numel()\nout = torch.empty_like(x)\ncount = torch.zeros(triton.cdiv(n, 256) + 1, dtype=torch.int32)\n"
+     "relu_kernel[(triton.cdiv(n, 256),)](x, out, count, n, BLOCK=256)\nreturn out")
+
+
+@needs_bwrap
+def test_reading_back_in_the_same_lanes_needs_no_barrier():
+    """Honest patterns the visibility rule keeps: a store then a load of the same offsets in the same block shape,
+    a reduction stored as a scalar and loaded back as a scalar, atomics after plain stores."""
+    assert lint(SAME_LANES) == (None, "")
+    score, info = triton_reward(SAME_LANES, TASKS["relu"], timeout_s=60)
+    assert (score, info["reason"]) == (1.0, "ok"), info
