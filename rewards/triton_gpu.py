@@ -186,7 +186,7 @@ class Visibility:
 
     def load(self, program: int, addresses, keys) -> None:
         """A plain load by `program`: the first byte it reads that another lane of it stored since its barrier."""
-        if program not in self.stored or self.clash is not None or not len(addresses):
+        if self.clash is not None or not len(addresses):
             return
         if program not in self.merged:
             a = np.concatenate([a for a, _ in self.stored[program]])
@@ -265,7 +265,7 @@ class Programs:
         size = max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
         touched = (addresses.astype(np.uint64).reshape(-1, 1) + np.arange(size, dtype=np.uint64)).ravel()
         self.pending[kind].append(touched)
-        if kind in ("load", "store"):                  # plain ones: visible to other lanes after a barrier
+        if kind == "store" or kind == "load" and self.program in self.visibility.stored:     # plain ones
             getattr(self.visibility, kind)(self.program, *self.visibility.lanes(ptrs, mask, size))
         starts, ends, _ = self.storages
         at = np.searchsorted(starts, touched, "right") - 1
