@@ -186,7 +186,7 @@ class Visibility:
 
     def load(self, program: int, addresses, keys) -> None:
         """A plain load by `program`: the first byte it reads that another lane of it stored since its barrier."""
-        if self.clash is not None or not len(addresses):
+        if program not in self.stored or self.clash is not None or not len(addresses):
             return
         if program not in self.merged:
             a = np.concatenate([a for a, _ in self.stored[program]])

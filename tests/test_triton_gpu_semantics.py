@@ -273,3 +273,33 @@ def test_reading_back_in_the_same_lanes_needs_no_barrier():
     assert lint(SAME_LANES) == (None, "")
     score, info = triton_reward(SAME_LANES, TASKS["relu"], timeout_s=60)
     assert (score, info["reason"]) == (1.0, "ok"), info
+
+
+def test_visibility_rule_lanes_barriers_and_programs():
+    """Visibility alone: a load in the lanes that stored (same shape, same positions) is fine, another position or
+    another shape is a race until tl.debug_barrier or the program's end; each program has its own stores."""
+    from types import SimpleNamespace as Handle
+    import numpy as np
+    from rewards.triton_gpu import Visibility
+
+    def access(v, kind, program, addresses, mask=None):
+        ptrs = Handle(data=np.array(addresses, np.uint64))
+        getattr(v, kind)(program, *v.lanes(ptrs, mask and Handle(data=np.array(mask)), 4))
+        return v.clash
+
+    block, reversed_block, tile = [100, 104, 108, 112], [112, 108, 104, 100], [[100, 104], [108, 112]]
+    v = Visibility()
+    assert access(v, "store", 0, block) is None and access(v, "load", 0, block) is None
+    assert access(v, "load", 1, reversed_block) is None                         # another program: not this rule
+    assert access(v, "load", 0, [200, 204, 208, 212]) is None                    # bytes no lane of it stored
+    assert access(v, "load", 0, [112, 104, 100, 108], [False, True, False, False]) is None   # masked-in: lane 1
+    v.barrier(0)
+    assert access(v, "load", 0, tile) is None                                   # after the barrier: any shape
+    assert access(v, "store", 0, block, [True, True, False, False]) is None
+    assert access(v, "load", 0, [[104, 100], [112, 116]]) == (0, 104)           # lane 0 reads lane 1's store
+    v = Visibility()
+    access(v, "store", 3, block)
+    assert access(v, "load", 3, tile) == (3, 100)                               # another block shape
+    v = Visibility()
+    access(v, "store", 5, [100])
+    assert access(v, "load", 5, [100]) is None                                  # a scalar read back
