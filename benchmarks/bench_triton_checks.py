@@ -80,7 +80,7 @@ def run_once(paths: tuple, task: dict, ref: dict) -> tuple:
                                        fsize_mb=triton_kernel._result_mb(ref["cases"]))
     wall = time.perf_counter() - t0
     reason = triton_kernel._compare(ref["cases"], triton_kernel._parse_result(blob, ref["cases"]))[0]
-    assert reason == "ok", (task["name"], path, reason, res.stderr[-500:])
+    assert reason == "ok", (task["name"], paths, reason, res.stderr[-500:])
     spent = json.loads(next(line for line in reversed(res.stderr.splitlines()) if line.startswith("SPENT "))[6:])
     return wall, spent
 

@@ -129,7 +129,7 @@ def _ttir(kernel) -> str:
                                                                if not line.startswith("#loc")))
 
 
-def _interpret(kernel, monkeypatch) -> "torch.Tensor":
+def _interpret(kernel, monkeypatch):
     """out of the kernel under Triton's interpreter with the sandbox's rewrite (n=7, slope=0.25, C=3)."""
     import torch
     from triton.runtime import interpreter
