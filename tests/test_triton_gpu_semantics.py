@@ -8,6 +8,11 @@ style that keeps scoring 1.0, through triton_reward:
   tf32       an fp32 tl.dot with the default input precision: TF32 operands on sm_90, wrong_output at 1e-4;
              input_precision="ieee" scores
   messages   a race's and a bounds failure's public detail names the kernel and the argument only
+  builtins   min / max / and / or / not / conditions / assert on kernel values as sm_90's compiler compiles them
+             (each form's TTIR equals its explicit twin's, the interpreter agrees bit for bit); the honest leaky
+             ReLU with Python's max scored wrong_output on main, now 1.0
+  descriptors  tl.make_tensor_descriptor loads and stores run (refused by accident on main), bounds checked
+  visibility a scratch buffer read back in other lanes without tl.debug_barrier: race (1.0 on main); with it: 1.0
 """
 import pytest
 
@@ -303,3 +308,11 @@ def test_visibility_rule_lanes_barriers_and_programs():
     v = Visibility()
     access(v, "store", 5, [100])
     assert access(v, "load", 5, [100]) is None                                  # a scalar read back
+
+
+def test_the_semantics_global_is_reserved():
+    """A file binding the global through which rewritten kernels reach _Semantics would run its own code there."""
+    from rewards.triton_language import _triton_reads
+    assert "_triton_gpu_semantics" in _triton_reads()
+    code = LEAKY_BUILTIN_MAX.replace("class ModelNew", "_triton_gpu_semantics = tl.constexpr(1)\n\n\nclass ModelNew")
+    assert lint(code)[0] == "lint_name", lint(code)
