@@ -1,16 +1,20 @@
-"""What issue 36's checks cost per Triton candidate: the sm_90 compile of every launch and the race check between
-programs, on the shipped solutions (CPU, the interpreter). A table, then one JSON line last.
+"""What the GPU-semantics checks cost per Triton candidate: the sm_90 compile of every launch, and the record of
+every load, store and atomic with the checks on it (races between programs, bounds, store visibility inside a
+program), on the shipped solutions (CPU, the interpreter). A table, then one JSON line last.
 
     python benchmarks/bench_triton_checks.py                  # all 48 tasks, one run of each variant
     python benchmarks/bench_triton_checks.py --reps 3 matmul relu
+    python benchmarks/bench_triton_checks.py --base /tmp/base  # before (that checkout's rewards/) and after
 
 Each solution runs through the candidate sandbox (rewards/triton_kernel.py's _sandbox, the task's cached reference
-stdin) with four copies of rewards/triton_harness.py: as shipped, without the compile, without the race check,
+stdin) with copies of rewards/triton_harness.py: as shipped, without the compile, without the record and checks,
 without both (the harness itself has no switch: the copies replace rewards/triton_gpu.py's GpuCompiler /
-hook_programs). Every copy also times, inside the sandbox, the candidate's run (_Candidate.run), the calls of GpuCompiler.problem (the process
-waiting on the compiling process) and of Programs.record / finish, and writes them to stderr. Per task: the median
-sandbox wall and candidate-run time of each variant over --reps, and the shipped copy's compile and race-check
-seconds. Every run must score ok.
+hook_programs); with --base, instead, the harness and triton_gpu.py of another checkout ("before") and these
+("after"), alternated task by task in this one process. Every copy also times, inside the sandbox, the candidate's
+run (_Candidate.run), the calls of GpuCompiler.problem (the process waiting on the compiling process) and of
+Programs.record / finish ("race": the record and every check on it), and writes them to stderr. Per task: the
+median sandbox wall and candidate-run time of each variant over --reps, and each variant's compile and race
+seconds; with --base the JSON line also has the after / before ratio of the medians. Every run must score ok.
 """
 import argparse
 import json
@@ -67,16 +71,16 @@ NO_RACE = "\nimport triton_gpu\ntriton_gpu.hook_programs = lambda programs: None
 VARIANTS = {"shipped": "", "no_compile": NO_COMPILE, "no_race": NO_RACE, "neither": NO_COMPILE + NO_RACE}
 
 
-def run_once(path: str, task: dict, ref: dict) -> tuple:
-    """(sandbox wall s, {run, compile, race} s) of one candidate run with the harness at path."""
-    triton_kernel._HARNESS_PATH = path
+def run_once(paths: tuple, task: dict, ref: dict) -> tuple:
+    """(sandbox wall s, {run, compile, race} s) of one candidate run with the harness and triton_gpu.py at paths."""
+    triton_kernel._HARNESS_PATH, triton_kernel._GPU_PATH = paths
     t0 = time.perf_counter()
     res, blob = triton_kernel._sandbox({"candidate.py": task["solution"]}, {"role": "candidate", "device": "cpu",
                                        "time": False}, 120, "result.bin", stdin=ref["stdin"],
                                        fsize_mb=triton_kernel._result_mb(ref["cases"]))
     wall = time.perf_counter() - t0
     reason = triton_kernel._compare(ref["cases"], triton_kernel._parse_result(blob, ref["cases"]))[0]
-    assert reason == "ok", (task["name"], path, reason, res.stderr[-500:])
+    assert reason == "ok", (task["name"], paths, reason, res.stderr[-500:])
     spent = json.loads(next(line for line in reversed(res.stderr.splitlines()) if line.startswith("SPENT "))[6:])
     return wall, spent
 
@@ -85,34 +89,48 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("tasks", nargs="*", help="task names (default: all)")
     ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--base", help="a checkout whose rewards/ is 'before' (e.g. git worktree add /tmp/base <commit>)")
     args = ap.parse_args()
-    shipped = triton_kernel._HARNESS_PATH
-    source = open(shipped).read()
+    shipped = triton_kernel._HARNESS_PATH, triton_kernel._GPU_PATH
     tasks = {t["name"]: t for t in load_tasks()}
     names = args.tasks or list(tasks)
+    if args.base:
+        base = os.path.join(args.base, "rewards")
+        sources = {"before": (os.path.join(base, "triton_harness.py"), "", os.path.join(base, "triton_gpu.py")),
+                   "after": (shipped[0], "", shipped[1])}
+    else:
+        sources = {variant: (shipped[0], change, shipped[1]) for variant, change in VARIANTS.items()}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         paths = {}
-        for variant, change in VARIANTS.items():
-            paths[variant] = os.path.join(tmp, f"harness_{variant}.py")
-            with open(paths[variant], "w") as f:
-                f.write(source + change + TIMED)
-        print(f"{'task':22s} " + " ".join(f"{v + ' wall/run':>20s}" for v in VARIANTS) +
-              f" {'compile':>8s} {'race':>8s}")
+        for variant, (harness, change, gpu) in sources.items():
+            paths[variant] = os.path.join(tmp, f"harness_{variant}.py"), gpu
+            with open(harness) as f, open(paths[variant][0], "w") as out:
+                out.write(f.read() + change + TIMED)
+        print(f"{'task':22s} " + " ".join(f"{v + ' wall/run/race':>26s}" for v in sources) + f" {'compile':>8s}")
         for name in names:
             ref, problem = triton_kernel._reference(tasks[name]["reference_code"], "cpu")
             assert problem is None, problem
-            runs = {v: [run_once(paths[v], tasks[name], ref) for _ in range(args.reps)] for v in VARIANTS}
-            row = {"task": name, **{f"{v}_wall_s": statistics.median(w for w, _ in r) for v, r in runs.items()},
-                   **{f"{v}_run_s": statistics.median(s["run"] for _, s in r) for v, r in runs.items()},
-                   "compile_s": statistics.median(s["compile"] for _, s in runs["shipped"]),
-                   "race_s": statistics.median(s["race"] for _, s in runs["shipped"])}
+            runs = {v: [] for v in sources}
+            for _ in range(args.reps):
+                for v in sources:
+                    runs[v].append(run_once(paths[v], tasks[name], ref))
+            row = {"task": name}
+            for v, r in runs.items():
+                row.update({f"{v}_wall_s": statistics.median(w for w, _ in r),
+                            f"{v}_run_s": statistics.median(s["run"] for _, s in r),
+                            f"{v}_compile_s": statistics.median(s["compile"] for _, s in r),
+                            f"{v}_race_s": statistics.median(s["race"] for _, s in r)})
             rows.append(row)
-            print(f"{name:22s} " + " ".join(f"{row[v + '_wall_s']:9.2f}/{row[v + '_run_s']:<10.2f}" for v in VARIANTS) +
-                  f" {row['compile_s']:8.2f} {row['race_s']:8.3f}", flush=True)
-    triton_kernel._HARNESS_PATH = shipped
-    figures = {k: {"median": statistics.median(r[k] for r in rows), "max": max(r[k] for r in rows)}
-               for k in ("compile_s", "race_s", "shipped_wall_s", "neither_wall_s")}
+            print(f"{name:22s} " + " ".join(f"{row[v + '_wall_s']:9.2f}/{row[v + '_run_s']:<6.2f}/"
+                                            f"{row[v + '_race_s']:<9.4f}" for v in sources) +
+                  f" {row[next(iter(sources)) + '_compile_s']:8.2f}", flush=True)
+    triton_kernel._HARNESS_PATH, triton_kernel._GPU_PATH = shipped
+    figures = {key: {"median": statistics.median(r[key] for r in rows), "max": max(r[key] for r in rows)}
+               for key in rows[0] if key != "task"}
+    if args.base:
+        figures["ratio_after_before"] = {what: figures[f"after_{what}"]["median"] / figures[f"before_{what}"]["median"]
+                                         for what in ("wall_s", "run_s", "race_s")}
     print(json.dumps({"device": "cpu", "python": platform.python_version(), "triton": triton.__version__,
                       "load_avg": os.getloadavg()[0], "tasks": len(rows), "reps": args.reps, **figures}))
 

@@ -157,6 +157,56 @@ def _warm_up(x_ptr):
     tl.store(x_ptr, tl.load(x_ptr) + 1.0)
 
 
+class Visibility:
+    """What each running program stored since its last tl.debug_barrier, and by which lane: on a GPU a plain store
+    is visible to the other threads of its program only after a barrier (or at the program's end), so a plain
+    load that reads such a byte in another lane (another position in its block, or a block of another shape) is
+    a race inside one program. Lanes are told apart by (block shape, flattened position): the same position of
+    blocks of one shape is one thread. Atomics are exempt (coherent). State per program (a dict), so programs
+    may interleave."""
+
+    def __init__(self):
+        self.stored = {}            # program -> [(byte addresses, lane keys)] of its plain stores since its barrier
+        self.merged = {}            # program -> (sorted addresses, lowest key, highest key) of the above
+        self.shapes = {}            # block shape -> its number in the lane keys
+        self.clash = None           # the launch's first: (program, byte address)
+
+    def lanes(self, ptrs, mask, size: int) -> tuple:
+        """(byte addresses, lane keys) of the masked-in elements of `ptrs` (elements of `size` bytes)."""
+        shape = self.shapes.setdefault(ptrs.data.shape, len(self.shapes))
+        lanes = np.arange(ptrs.data.size, dtype=np.uint64) if mask is None else \
+            np.flatnonzero(np.broadcast_to(mask.data, ptrs.data.shape)).astype(np.uint64)
+        addresses = ptrs.data.ravel()[lanes].astype(np.uint64)
+        keys = np.repeat(lanes | np.uint64(shape << 40), size)
+        return (addresses.reshape(-1, 1) + np.arange(size, dtype=np.uint64)).ravel(), keys
+
+    def store(self, program: int, addresses, keys) -> None:
+        self.stored.setdefault(program, []).append((addresses, keys))
+        self.merged.pop(program, None)
+
+    def load(self, program: int, addresses, keys) -> None:
+        """A plain load by `program`: the first byte it reads that another lane of it stored since its barrier."""
+        if program not in self.stored or self.clash is not None or not len(addresses):
+            return
+        if program not in self.merged:
+            a = np.concatenate([a for a, _ in self.stored[program]])
+            k = np.concatenate([k for _, k in self.stored[program]])
+            order = np.lexsort((k, a))
+            a, k = a[order], k[order]
+            first = np.flatnonzero(np.r_[True, a[1:] != a[:-1]])
+            self.merged[program] = a[first], k[first], k[np.r_[first[1:], len(a)] - 1]
+        stored, low, high = self.merged[program]
+        at = np.minimum(np.searchsorted(stored, addresses), len(stored) - 1)
+        clash = (stored[at] == addresses) & ((low[at] != keys) | (high[at] != keys))
+        if clash.any():
+            self.clash = program, int(addresses[np.argmax(clash)])
+
+    def barrier(self, program: int) -> None:
+        """tl.debug_barrier in `program`, or its end: what it stored is visible to all its lanes."""
+        self.stored.pop(program, None)
+        self.merged.pop(program, None)
+
+
 class Programs:
     """The programs of each interpreted launch, as the harness runs them: in a random order other than the grid's
     own (a GPU promises no order), recording the bytes each program loads, stores and updates atomically. A launch
@@ -169,6 +219,7 @@ class Programs:
         self.atomic = False                            # inside an atomic operation of the interpreter
         self.storages = (np.zeros(0, np.uint64), np.zeros(0, np.uint64), [])     # bind: (starts, ends, names)
         self.outside = None
+        self.visibility = Visibility()
 
     def bind(self, arguments: dict) -> None:
         """The launch's arguments, before it runs: every access must stay inside the storage of a tensor among
@@ -185,6 +236,7 @@ class Programs:
 
     def start(self, dims: tuple) -> None:
         self.outside = None                            # the launch's first access outside every storage
+        self.visibility = Visibility()
         n = math.prod(dims)
         self.dims, self.program, self.order = dims, None, list(range(n))
         while n > 1 and self.order == sorted(self.order):
@@ -213,6 +265,8 @@ class Programs:
         size = max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
         touched = (addresses.astype(np.uint64).reshape(-1, 1) + np.arange(size, dtype=np.uint64)).ravel()
         self.pending[kind].append(touched)
+        if kind == "store" or kind == "load" and self.program in self.visibility.stored:     # plain ones
+            getattr(self.visibility, kind)(self.program, *self.visibility.lanes(ptrs, mask, size))
         starts, ends, _ = self.storages
         at = np.searchsorted(starts, touched, "right") - 1
         outside = (at < 0) | (touched >= ends[np.maximum(at, 0)])
@@ -220,6 +274,7 @@ class Programs:
             self.outside = (kind, self.program, int(touched[np.argmax(outside)]), int(outside.sum()))
 
     def _flush(self) -> None:
+        self.visibility.barrier(self.program)          # the program's end
         for kind, parts in self.pending.items():
             if parts and self.program is not None:
                 self.touched[kind].append((np.unique(np.concatenate(parts)), self.program))
@@ -244,6 +299,13 @@ class Programs:
             found.append(f"out_of_bounds: {kernel}: {names[near] if names else '-'}: program "
                          f"{self._index(program)} {_ACCESS_WORDS[kind]} {count} bytes outside every tensor "
                          f"argument's storage (first at {address - int(starts[near]) if names else address:+d})")
+        if self.visibility.clash:
+            program, address = self.visibility.clash
+            starts, _, names = self.storages
+            at = int(np.searchsorted(starts, address, "right")) - 1
+            found.append(f"race: {kernel}: {names[at] if at >= 0 else '-'}: program {self._index(program)} loads "
+                         f"in one lane what another lane of it stored, with no tl.debug_barrier between (byte "
+                         f"{address - int(starts[at]) if at >= 0 else address} of the argument)")
         for kind, others in _CONFLICTS:
             clash = _first_clash(self._spans((kind,)), self._spans(others))
             if clash is not None:
@@ -286,7 +348,8 @@ def _first_clash(mine: tuple, theirs: tuple) -> int | None:
 
 def hook_programs(programs: Programs) -> None:
     """Route the interpreter's grid and memory operations through `programs`: set_grid_dim starts a launch,
-    set_grid_idx picks the permuted program, every load, store and atomic records its bytes."""
+    set_grid_idx picks the permuted program, every load, store and atomic records its bytes, tl.debug_barrier
+    makes the running program's stores visible to all its lanes (Visibility)."""
     from triton.runtime.interpreter import InterpreterBuilder as B
     set_dim, set_idx = B.set_grid_dim, B.set_grid_idx
     load, store, rmw, cas = B.create_masked_load, B.create_masked_store, B.create_atomic_rmw, B.create_atomic_cas
@@ -298,13 +361,13 @@ def hook_programs(programs: Programs) -> None:
     def set_grid_idx(self, x, y, z):
         return set_idx(self, *programs.enter((x, y, z)))
 
-    def masked_load(self, ptrs, mask, *rest):
+    def masked_load(self, ptrs, mask, *rest, **options):    # tensor descriptors pass options by keyword
         programs.record("load", ptrs, mask)
-        return load(self, ptrs, mask, *rest)
+        return load(self, ptrs, mask, *rest, **options)
 
-    def masked_store(self, ptrs, value, mask, *rest):
+    def masked_store(self, ptrs, value, mask, *rest, **options):
         programs.record("store", ptrs, mask)
-        return store(self, ptrs, value, mask, *rest)
+        return store(self, ptrs, value, mask, *rest, **options)
 
     def atomic_rmw(self, op, ptr, value, mask, *rest):
         programs.record("atomic", ptr, mask)
@@ -326,8 +389,127 @@ def hook_programs(programs: Programs) -> None:
     B.set_grid_dim, B.set_grid_idx, B.create_masked_load, B.create_masked_store = \
         set_grid_dim, set_grid_idx, masked_load, masked_store
     B.create_atomic_rmw, B.create_atomic_cas = atomic_rmw, atomic_cas
+    B.create_barrier = lambda self: programs.visibility.barrier(programs.program)     # tl.debug_barrier
     for name in ("create_atomic_load", "create_atomic_store", "create_atomic_poll"):
         setattr(B, name, atomically(getattr(B, name)))
+
+
+_SEMANTICS = "_triton_gpu_semantics"      # the interpreter's global through which rewritten kernels reach _Semantics
+
+
+class _Semantics:
+    """Python's builtins and boolean operators on kernel values as Triton's code generator compiles them (the
+    interpreter runs them as Python: max(x, slope * x) on blocks compared the blocks as a whole and returned one
+    of them, `x and y` returned one operand, `not x` a Python bool). Each method mirrors its counterpart in
+    triton/compiler/code_generator.py, calling the same triton.language functions with the interpreter's
+    semantic, so what the compiler refuses fails here too."""
+
+    @staticmethod
+    def call(fn, *args, **kwargs):
+        """fn(*args, **kwargs), where fn is the builtin min or max: builtin_min / builtin_max as the compiler's
+        builtin namespace maps them (all constexprs or Python scalars: Python's min / max; else tl.minimum /
+        tl.maximum folded left with propagate_nan NONE, NaN-ignoring as sm_90's minnum / maxnum)."""
+        from triton.language.core import _unwrap_if_constexpr, builtin_max, builtin_min
+        from triton.runtime.interpreter import interpreter_semantic
+        builtin = {min: builtin_min, max: builtin_max}.get(fn) if type(fn) is type(min) else None
+        if builtin is None:
+            return fn(*args, **kwargs)
+        return builtin(*map(_unwrap_if_constexpr, args), **kwargs, _semantic=interpreter_semantic)
+
+    @staticmethod
+    def bool_op(method: str, *operands):
+        """`a and b ...` / `a or b ...` (operands: thunks, evaluated lazily): constexprs short-circuit, the kernel
+        values left are combined right to left by logical_and / logical_or (code_generator's
+        _apply_boolean_values)."""
+        from triton.compiler.code_generator import _is_dynamic_boolean_operand
+        dynamic = []
+        for operand in operands:
+            value = operand()
+            if not _is_dynamic_boolean_operand(value):
+                if bool(value) is (method == "logical_or"):
+                    return value
+            else:
+                dynamic.append(value)
+        if not dynamic:
+            return value
+        while len(dynamic) >= 2:
+            rhs, lhs = dynamic.pop(), dynamic.pop()
+            dynamic.append(getattr(lhs, method)(rhs))
+        return dynamic[0]
+
+    @staticmethod
+    def not_(value):
+        """`not value`: the value's __not__ (a kernel value: logical not, which sm_90 refuses for non-int1
+        tensors), else constexpr(not value) (code_generator's visit_UnaryOp)."""
+        return value.__not__() if hasattr(type(value), "__not__") else tl.constexpr(not value)
+
+    @staticmethod
+    def truth(value):
+        """The condition of an `if`, `while` or conditional expression: a block of more than one element has no
+        truth value (the compiler refuses it; the interpreter took it as True)."""
+        if isinstance(value, tl.tensor) and value.handle.data.size > 1:
+            raise ValueError("Boolean value of Tensor with more than one value is ambiguous")
+        return value
+
+    @staticmethod
+    def assert_(test, msg=""):
+        """`assert test, msg`: tl.device_assert (code_generator's visit_Assert), a no-op unless debugging."""
+        from triton.runtime.interpreter import interpreter_semantic
+        return tl.device_assert(test, msg, _semantic=interpreter_semantic)
+
+
+def gpu_transformer():
+    """Triton's interpreter rewrite (ASTTransformer) plus _Semantics: in a kernel body, calls of `min` / `max`,
+    `and` / `or`, `not`, the conditions of if / while / conditional expressions and `assert` go through
+    _Semantics, reached by the global _SEMANTICS that the interpreter copies into every kernel's module (the
+    linter refuses files that bind it: triton_language._triton_reads)."""
+    import ast
+    from triton.runtime.interpreter import ASTTransformer
+
+    def semantics(method: str, args: list, keywords=()) -> ast.Call:
+        return ast.Call(ast.Attribute(ast.Name(_SEMANTICS, ast.Load()), method, ast.Load()), args, list(keywords))
+
+    def thunk(value) -> ast.Lambda:
+        return ast.Lambda(ast.arguments([], [], None, [], [], None, []), value)
+
+    class GpuTransformer(ASTTransformer):
+        def visit_Call(self, node):
+            node = self.generic_visit(node)
+            if isinstance(node.func, ast.Name) and node.func.id in ("min", "max"):
+                return ast.copy_location(semantics("call", [node.func, *node.args], node.keywords), node)
+            return node
+
+        def visit_BoolOp(self, node):
+            node = self.generic_visit(node)
+            method = "logical_and" if isinstance(node.op, ast.And) else "logical_or"
+            return ast.copy_location(semantics("bool_op", [ast.Constant(method), *map(thunk, node.values)]), node)
+
+        def visit_UnaryOp(self, node):
+            node = self.generic_visit(node)
+            return ast.copy_location(semantics("not_", [node.operand]), node) if isinstance(node.op, ast.Not) \
+                else node
+
+        def visit_If(self, node):
+            node = self.generic_visit(node)
+            node.test = ast.copy_location(semantics("truth", [node.test]), node.test)
+            return node
+
+        visit_While = visit_IfExp = visit_If
+
+        def visit_Assert(self, node):
+            node = self.generic_visit(node)
+            return ast.copy_location(ast.Expr(semantics("assert_", [node.test] + ([node.msg] if node.msg else []))),
+                                     node)
+
+    return GpuTransformer()
+
+
+def hook_semantics() -> None:
+    """Every interpreted kernel (the candidate's, its @jit helpers, triton.language's own) rewritten by
+    gpu_transformer."""
+    from triton.runtime import interpreter
+    setattr(interpreter, _SEMANTICS, _Semantics)
+    interpreter.FunctionRewriter.ast_transformer = gpu_transformer()
 
 
 class Interpreted:
@@ -339,6 +521,7 @@ class Interpreted:
     def hook(self) -> None:
         hook_programs(self.programs)
         hook_numerics()
+        hook_semantics()
 
 
 def hook_numerics() -> None:

@@ -28,7 +28,8 @@ tensor, a scalar (int, float, bool, str, None), a Triton dtype or constexpr, or 
 for tl.constexpr parameters: so no torch object reaches a kernel body. Grid and heuristics callables run in a
 host window where any aten op or bridge is a violation. On CPU the autotuner, which has no benchmarker under
 the interpreter, takes the first config. On CUDA the timed calls (3 warm-up + 20) run under the same audit and
-launch count as the checked call.
+launch count as the checked call. On CUDA Triton's allocator is torch's (tl.make_tensor_descriptor needs global
+scratch at launch; the accepted language cannot set one).
 At every interpreted launch (CPU) the GPU's own semantics are put back: rewards/triton_gpu.py. On CPU every
 torch.empty* of the candidate's process outside kernel launches is also filled with garbage (NaN, random integers:
 _fill_garbage), as a GPU's reused allocator block would be, where CPU gives zero pages.
@@ -303,6 +304,9 @@ class _Candidate:
         if cpu:
             from triton_gpu import Interpreted     # shipped beside this file (the GPU's semantics, CPU only)
             self.audit.garbage = torch.Generator().manual_seed(int.from_bytes(os.urandom(7), "little"))
+        else:    # tl.make_tensor_descriptor needs global scratch at launch, which the accepted language can't give
+            import triton
+            triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
         _hook_launches(self.audit, Interpreted(text, self.load) if cpu else None)    # forks the compiler (CPU)
         _guard_bridges(self.audit)
         threads = _threads()

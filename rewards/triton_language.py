@@ -20,12 +20,12 @@ The accepted language (an allowlist: what is not described here is refused; reas
      that runs while the module imports (assignments, decorators, defaults, annotations, class bodies) calls
      only API names and builtins and names no function or class of the file but as a base class; no `global`,
      no `del` of a name, no `:=`; nothing is named like what Triton's rewritten kernels read from the module
-     (interpreter_semantic, _InterpreterComparison: _triton_reads).
+     (interpreter_semantic, _InterpreterComparison, triton_gpu's _triton_gpu_semantics: _triton_reads).
   L4 objects [lint_forbidden_call]: no dunder attribute but __init__, no `_private` attribute but a class's own
      (`self._x` where the class defines or assigns it), none of the frame / code / traceback attributes or
-     `.handle`; in kernel bodies only the public attributes of Triton's tensor, dtype and constexpr; classes at
-     module level, derived only from nn.Module, torch.autograd.Function or classes of the file, without
-     decorators or keywords; no generators or coroutines (yield, async, await).
+     `.handle`; in kernel bodies only the public attributes of Triton's tensor, tensor descriptor, dtype and
+     constexpr; classes at module level, derived only from nn.Module, torch.autograd.Function or classes of the
+     file, without decorators or keywords; no generators or coroutines (yield, async, await).
   L5 strings [lint_string]: no bytes; a str constant is a docstring, a call argument, a subscript key, a
      comparison operand, an assert message, an assigned or default value, or a dict key or value (inside
      list / tuple / dict literals in those places too); at most 200 characters and on one line, except
@@ -200,11 +200,12 @@ def _allowed_paths(strict: bool) -> tuple:
 
 @functools.cache
 def _kernel_attrs() -> frozenset:
-    """Attributes a kernel body may read on a value: the public ones of Triton's tensor, dtype and constexpr
-    classes and their instance fields (none is a mutating method of a torch tensor)."""
+    """Attributes a kernel body may read on a value: the public ones of Triton's tensor, tensor descriptor
+    (tl.make_tensor_descriptor's load / store / atomics), dtype and constexpr classes and their instance fields
+    (none is a mutating method of a torch tensor; no torch object reaches a kernel body anyway)."""
     import triton.language as tl
     names = {"dtype", "shape", "type", "numel", "element_ty", "value", "primitive_bitwidth", "name"}
-    for cls in (tl.tensor, tl.dtype, tl.pointer_type, tl.block_type, tl.constexpr):
+    for cls in (tl.tensor, tl.tensor_descriptor, tl.dtype, tl.pointer_type, tl.block_type, tl.constexpr):
         names |= {n for n in dir(cls) if not n.startswith("_")}
     return frozenset(names - _FRAME_ATTRS)
 
@@ -212,13 +213,15 @@ def _kernel_attrs() -> frozenset:
 @functools.cache
 def _triton_reads() -> frozenset:
     """Names the interpreter's rewrite of a kernel loads from the kernel's module (assignments go through
-    interpreter_semantic, chained comparisons through _InterpreterComparison): found by rewriting a probe with
-    Triton's own ASTTransformer. A file binding one would run its own code inside every launch."""
-    from triton.runtime.interpreter import ASTTransformer
+    interpreter_semantic, chained comparisons through _InterpreterComparison, builtins and boolean operators
+    through triton_gpu's _SEMANTICS): found by rewriting a probe with the rewrite the sandbox gives Triton's
+    interpreter. A file binding one would run its own code inside every launch."""
+    from rewards.triton_gpu import gpu_transformer
     probe = ast.parse("def k(a, b, c):\n    d = a < b < c\n    d += a\n    e: int = b\n    if a and b or not c:\n"
-                      "        return [f(a) for f in c][0].x\n    while a == b != c:\n        a, b = b, a\n")
+                      "        return [f(a) for f in c][0].x\n    while a == b != c:\n        a, b = b, max(a, 1)\n"
+                      "    assert a, b\n")
     before = {n.id for n in ast.walk(probe) if isinstance(n, ast.Name)}
-    rewritten = ASTTransformer().visit(copy.deepcopy(probe))
+    rewritten = gpu_transformer().visit(copy.deepcopy(probe))
     params = {a.arg for a in ast.walk(rewritten) if isinstance(a, ast.arg)}
     return frozenset(n.id for n in ast.walk(rewritten) if isinstance(n, ast.Name)) - before - params
 

@@ -142,7 +142,7 @@ class _Linter(ast.NodeVisitor):
         elif self.kernel and isinstance(node.ctx, ast.Load) and self.resolve(node) is None and \
                 attr not in _kernel_attrs():
             self.flag("lint_forbidden_call", node, f"kernel {self.kernel.name} uses .{attr} (not an attribute "
-                      "of a Triton tensor, dtype or constexpr)")
+                      "of a Triton tensor, tensor descriptor, dtype or constexpr)")
         if isinstance(node.ctx, (ast.Store, ast.Del)) and (self.kernel or not on_self):
             self.flag("lint_monkeypatch", node, f"assigns to {ast.unparse(node)} (only self.x = ... or ctx.x = ...)")
         self.generic_visit(node)

@@ -8,6 +8,11 @@ style that keeps scoring 1.0, through triton_reward:
   tf32       an fp32 tl.dot with the default input precision: TF32 operands on sm_90, wrong_output at 1e-4;
              input_precision="ieee" scores
   messages   a race's and a bounds failure's public detail names the kernel and the argument only
+  builtins   min / max / and / or / not / conditions / assert on kernel values as sm_90's compiler compiles them
+             (each form's TTIR equals its explicit twin's, the interpreter agrees bit for bit); the honest leaky
+             ReLU with Python's max scored wrong_output on main, now 1.0
+  descriptors  tl.make_tensor_descriptor loads and stores run (refused by accident on main), bounds checked
+  visibility a scratch buffer read back in other lanes without tl.debug_barrier: race (1.0 on main); with it: 1.0
 """
 import pytest
 
@@ -73,3 +78,241 @@ def test_race_and_bounds_messages_name_the_kernel_and_argument_only():
     score, info = triton_reward(CASES[0][2], TASKS["relu"], timeout_s=60)
     assert info["reason"] == "out_of_bounds" and "bytes outside" in info["detail"], info
     assert info["public"] == "runtime: ['out_of_bounds: relu_kernel: x_ptr']", info
+
+
+# ---- builtins and boolean operators on kernel values, as the compiler compiles them (triton_gpu._Semantics) ----
+# (form, its explicit twin): the sm_90 compiler gives both the same TTIR, so the interpreter must give both the
+# same result. x, y: fp32 blocks holding NaN and -0.0; n: an int32 scalar; slope: an fp32 scalar; C: a constexpr.
+AGREE = [
+    ("max(x, y)", "tl.maximum(x, y)"),
+    ("min(x, y, 0.5)", "tl.minimum(tl.minimum(x, y), 0.5)"),
+    ("max(x, slope * x)", "tl.maximum(x, slope * x)"),
+    ("max(n, 2) + x", "tl.maximum(n, 2) + x"),
+    ("min(C, 4) + x", "3 + x"),
+    ("((x > 0) and (y > 0)).to(tl.float32)", "((x > 0) & (y > 0)).to(tl.float32)"),
+    ("((x > 0) or (y > 0) or (x < -1)).to(tl.float32)", "((x > 0) | ((y > 0) | (x < -1))).to(tl.float32)"),
+    ("(not (x > 0)).to(tl.float32)", "(~(x > 0)).to(tl.float32)"),
+    ("x + (n > 4 and n < 100)", "x + ((n > 4) & (n < 100))"),
+    ("x + (C > 1 and n > 4)", "x + (n > 4)"),
+    ("x + (not C)", "x + 0"),
+    ("x if n > 4 or C > 5 else y", "x if n > 4 else y"),
+]
+REFUSED = ["x if x > 0 else y", "(not x).to(tl.float32)", "x + (x if x else y)"]
+KERNEL = '''
+@triton.jit
+def {name}(x_ptr, y_ptr, out_ptr, n, slope, C: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)
+    y = tl.load(y_ptr + offs)
+    r = {expr}
+    tl.store(out_ptr + offs, r)
+'''
+
+
+def _kernels(tmp_path, exprs: list):
+    """The module of one kernel per expression (k0, k1, ...), from a file (Triton reads kernels' source)."""
+    import importlib.util
+    path = tmp_path / "forms.py"
+    path.write_text("import triton\nimport triton.language as tl\n" +
+                    "".join(KERNEL.format(name=f"k{i}", expr=e) for i, e in enumerate(exprs)))
+    spec = importlib.util.spec_from_file_location("forms", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return [getattr(module, f"k{i}") for i in range(len(exprs))]
+
+
+def _ttir(kernel) -> str:
+    """The kernel's TTIR for sm_90, without locations and its name."""
+    import re
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, compile
+    from rewards.triton_gpu import _GPU_TARGET
+    signature = {"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "slope": "fp32",
+                 "C": "constexpr", "BLOCK": "constexpr"}
+    ttir = compile(ASTSource(kernel, signature, {"C": 3, "BLOCK": 16}), target=GPUTarget(*_GPU_TARGET)).asm["ttir"]
+    return re.sub(r"loc\([^)]*\)|#loc\d*|@k\d+", "", "\n".join(line for line in ttir.splitlines()
+                                                               if not line.startswith("#loc")))
+
+
+def _interpret(kernel, monkeypatch):
+    """out of the kernel under Triton's interpreter with the sandbox's rewrite (n=7, slope=0.25, C=3)."""
+    import torch
+    from triton.runtime import interpreter
+    from rewards import triton_gpu
+    monkeypatch.setattr(interpreter, triton_gpu._SEMANTICS, triton_gpu._Semantics, raising=False)
+    monkeypatch.setattr(interpreter.FunctionRewriter, "ast_transformer", triton_gpu.gpu_transformer())
+    x = torch.tensor([1.5, -2.0, 0.0, -0.0, float("nan"), 3.0, -0.5, 0.25] * 2)
+    y = torch.tensor([-1.0, float("nan"), -0.0, 0.0, 2.0, 3.0, 0.75, -4.0] * 2)
+    out = torch.empty(16)
+    interpreter.InterpretedFunction(kernel.fn)[(1,)](x, y, out, 7, 0.25, C=3, BLOCK=16)
+    return out
+
+
+def test_builtins_and_boolean_operators_agree_with_the_compiler(tmp_path, monkeypatch):
+    import torch
+    kernels = _kernels(tmp_path, [e for pair in AGREE for e in pair])
+    for i, (form, twin) in enumerate(AGREE):
+        assert _ttir(kernels[2 * i]) == _ttir(kernels[2 * i + 1]), form
+        got, want = _interpret(kernels[2 * i], monkeypatch), _interpret(kernels[2 * i + 1], monkeypatch)
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (form, got, want)
+
+
+def test_what_the_compiler_refuses_fails_in_the_interpreter_too(tmp_path, monkeypatch):
+    for kernel, form in zip(_kernels(tmp_path, REFUSED), REFUSED):
+        with pytest.raises(Exception):
+            _ttir(kernel)
+        with pytest.raises(Exception):
+            _interpret(kernel, monkeypatch)
+
+
+LEAKY_BUILTIN_MAX = TASKS["leaky_relu"]["solution"].replace("tl.where(x >= 0, x, x * negative_slope)",
+                                                            "max(x, x * negative_slope)")
+
+
+@needs_bwrap
+def test_honest_leaky_relu_with_builtin_max_scores_one():
+    """Python's max on blocks compiles element-wise (tl.maximum); the interpreter compared the blocks as a whole
+    and returned one of them (wrong_output on main)."""
+    assert "max(x, x * negative_slope)" in LEAKY_BUILTIN_MAX and lint(LEAKY_BUILTIN_MAX) == (None, "")
+    score, info = triton_reward(LEAKY_BUILTIN_MAX, TASKS["leaky_relu"], timeout_s=60)
+    assert (score, info["reason"]) == (1.0, "ok"), info
+
+
+DESCRIPTOR_RELU = model('''
+@triton.jit
+def relu_kernel(x_ptr, out_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, SHAPE_N], strides=[N, 1], block_shape=[BLOCK_M, BLOCK_N])
+    out_desc = tl.make_tensor_descriptor(out_ptr, shape=[M, N], strides=[N, 1], block_shape=[BLOCK_M, BLOCK_N])
+    m0 = tl.program_id(0) * BLOCK_M
+    n0 = tl.program_id(1) * BLOCK_N
+    out_desc.store([m0, n0], tl.maximum(x_desc.load([m0, n0]), 0.0))
+''', "M, N = x.shape\nout = torch.empty_like(x)\n"
+     "relu_kernel[(triton.cdiv(M, 16), triton.cdiv(N, 32))](x, out, M, N, BLOCK_M=16, BLOCK_N=32)\nreturn out")
+
+
+@needs_bwrap
+def test_tensor_descriptors_run_with_bounds_on_what_they_access():
+    """tl.make_tensor_descriptor / desc.load / desc.store (relu's 8 x 100 input: boxes of 16 x 32 cross both
+    edges, TMA zero-fills what lies outside the descriptor's shape) score 1.0 (main: lint_forbidden_call for
+    `.load`, and with the linter bypassed compile_error from the hooked masked_load's keyword arguments); a
+    descriptor whose shape claims 28 more columns than x has reads past x's storage: out_of_bounds."""
+    honest, overreach = DESCRIPTOR_RELU.replace("SHAPE_N", "N"), DESCRIPTOR_RELU.replace("SHAPE_N", "N + 28")
+    assert lint(honest) == lint(overreach) == (None, "")
+    score, info = triton_reward(honest, TASKS["relu"], timeout_s=60)
+    assert (score, info["reason"]) == (1.0, "ok"), info
+    score, info = triton_reward(overreach, TASKS["relu"], timeout_s=60)
+    assert (score, info["reason"]) == (0.0, "out_of_bounds"), info
+    assert info["public"] == "runtime: ['out_of_bounds: relu_kernel: x_ptr']", info
+
+
+# ---- stores inside one program are visible to its other lanes only after tl.debug_barrier (Visibility) ----
+SCRATCH_REVERSED = '''
+@triton.jit
+def relu_kernel(x_ptr, scratch_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    base = tl.program_id(0) * BLOCK
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + base + offs, mask=base + offs < n, other=0.0)
+    tl.store(scratch_ptr + base + offs, tl.maximum(x, 0.0))
+    BARRIER
+    rev = BLOCK - 1 - offs
+    tl.store(out_ptr + base + rev, tl.load(scratch_ptr + base + rev), mask=base + rev < n)
+'''
+SCRATCH_LAUNCH = "n = x.numel()\nout = torch.empty_like(x)\nscratch = torch.empty(triton.cdiv(n, 256) * 256)\n" \
+    "relu_kernel[(triton.cdiv(n, 256),)](x, scratch, out, n, BLOCK=256)\nreturn out"
+SCRATCH_TRANSPOSED = '''
+@triton.jit
+def relu_kernel(x_ptr, scratch_ptr, out_ptr, M, N, BM: tl.constexpr, BN: tl.constexpr):
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)
+    cols = tl.arange(0, BN)
+    inside = (rows[:, None] < M) & (cols[None, :] < N)
+    x = tl.load(x_ptr + rows[:, None] * N + cols[None, :], mask=inside, other=0.0)
+    tl.store(scratch_ptr + cols[None, :] * M + rows[:, None], tl.maximum(x, 0.0), mask=inside)
+    BARRIER
+    t_inside = (cols[:, None] < N) & (rows[None, :] < M)
+    t = tl.load(scratch_ptr + cols[:, None] * M + rows[None, :], mask=t_inside)
+    tl.store(out_ptr + rows[None, :] * N + cols[:, None], t, mask=t_inside)
+'''
+TRANSPOSED_LAUNCH = "M, N = x.shape\nout = torch.empty_like(x)\nscratch = torch.empty(N * M)\n" \
+    "relu_kernel[(triton.cdiv(M, 4),)](x, scratch, out, M, N, BM=4, BN=128)\nreturn out"
+VISIBILITY = [   # (id, task, attack, reason, honest): the attacks scored 1.0 on main
+    ("visibility_scratch_read_back_reversed", "relu",
+     model(SCRATCH_REVERSED.replace("BARRIER", "pass"), SCRATCH_LAUNCH), "race",
+     model(SCRATCH_REVERSED.replace("BARRIER", "tl.debug_barrier()"), SCRATCH_LAUNCH)),
+    ("visibility_scratch_read_back_transposed", "relu",
+     model(SCRATCH_TRANSPOSED.replace("BARRIER", "pass"), TRANSPOSED_LAUNCH), "race",
+     model(SCRATCH_TRANSPOSED.replace("BARRIER", "tl.debug_barrier()"), TRANSPOSED_LAUNCH)),
+]
+
+
+@needs_bwrap
+@pytest.mark.parametrize("cid, task, attack, reason, honest", VISIBILITY, ids=[c[0] for c in VISIBILITY])
+def test_visibility_attack_scores_zero_and_its_honest_twin_one(cid, task, attack, reason, honest):
+    assert lint(attack) == lint(honest) == (None, "")
+    score, info = triton_reward(attack, TASKS[task], timeout_s=60)
+    assert (score, info["reason"]) == (0.0, reason), info
+    assert info["public"] == "runtime: ['race: relu_kernel: scratch_ptr']", info
+    score, info = triton_reward(honest, TASKS[task], timeout_s=60)
+    assert (score, info["reason"]) == (1.0, "ok"), info
+
+
+SAME_LANES = model('''
+@triton.jit
+def relu_kernel(x_ptr, out_ptr, count_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask), mask=mask)
+    y = tl.maximum(tl.load(out_ptr + offs, mask=mask), 0.0)
+    tl.store(out_ptr + offs, y, mask=mask)
+    tl.store(count_ptr + tl.program_id(0), tl.sum(tl.where(mask, 1, 0), axis=0))
+    total = tl.load(count_ptr + tl.program_id(0))
+    tl.atomic_add(count_ptr + tl.num_programs(0), total)
+    tl.store(out_ptr + offs, tl.load(out_ptr + offs, mask=mask) + 0.0 * total, mask=mask)
+''', "n = x.numel()\nout = torch.empty_like(x)\ncount = torch.zeros(triton.cdiv(n, 256) + 1, dtype=torch.int32)\n"
+     "relu_kernel[(triton.cdiv(n, 256),)](x, out, count, n, BLOCK=256)\nreturn out")
+
+
+@needs_bwrap
+def test_reading_back_in_the_same_lanes_needs_no_barrier():
+    """Honest patterns the visibility rule keeps: a store then a load of the same offsets in the same block shape,
+    a reduction stored as a scalar and loaded back as a scalar, atomics after plain stores."""
+    assert lint(SAME_LANES) == (None, "")
+    score, info = triton_reward(SAME_LANES, TASKS["relu"], timeout_s=60)
+    assert (score, info["reason"]) == (1.0, "ok"), info
+
+
+def test_visibility_rule_lanes_barriers_and_programs():
+    """Visibility alone: a load in the lanes that stored (same shape, same positions) is fine, another position or
+    another shape is a race until tl.debug_barrier or the program's end; each program has its own stores."""
+    from types import SimpleNamespace as Handle
+    import numpy as np
+    from rewards.triton_gpu import Visibility
+
+    def access(v, kind, program, addresses, mask=None):
+        ptrs = Handle(data=np.array(addresses, np.uint64))
+        getattr(v, kind)(program, *v.lanes(ptrs, mask and Handle(data=np.array(mask)), 4))
+        return v.clash
+
+    block, reversed_block, tile = [100, 104, 108, 112], [112, 108, 104, 100], [[100, 104], [108, 112]]
+    v = Visibility()
+    assert access(v, "store", 0, block) is None and access(v, "load", 0, block) is None
+    assert access(v, "load", 1, reversed_block) is None                         # another program: not this rule
+    assert access(v, "load", 0, [200, 204, 208, 212]) is None                    # bytes no lane of it stored
+    assert access(v, "load", 0, [112, 104, 100, 108], [False, True, False, False]) is None   # masked-in: lane 1
+    v.barrier(0)
+    assert access(v, "load", 0, tile) is None                                   # after the barrier: any shape
+    assert access(v, "store", 0, block, [True, True, False, False]) is None
+    assert access(v, "load", 0, [[104, 100], [112, 116]]) == (0, 104)           # lane 0 reads lane 1's store
+    v = Visibility()
+    access(v, "store", 3, block)
+    assert access(v, "load", 3, tile) == (3, 100)                               # another block shape
+    v = Visibility()
+    access(v, "store", 5, [100])
+    assert access(v, "load", 5, [100]) is None                                  # a scalar read back
+
+
+def test_the_semantics_global_is_reserved():
+    """A file binding the global through which rewritten kernels reach _Semantics would run its own code there."""
+    from rewards.triton_language import _triton_reads
+    assert "_triton_gpu_semantics" in _triton_reads()
+    code = LEAKY_BUILTIN_MAX.replace("class ModelNew", "_triton_gpu_semantics = tl.constexpr(1)\n\n\nclass ModelNew")
+    assert lint(code)[0] == "lint_name", lint(code)

@@ -78,7 +78,9 @@ tensor math methods (x.sum(), ...).
 The kernels are checked as an H100 (sm_90) runs them. Outputs must match within atol = rtol = 1e-4 for float32
 (1e-2 for float16 / bfloat16): an fp32 tl.dot rounds its inputs to TF32 by default, too coarse for 1e-4, so pass
 input_precision="ieee" (or "tf32x3"). torch.empty memory holds garbage: write every output element. Every load
-and store must stay inside its tensor (mask the edges), and programs may run in any order.
+and store must stay inside its tensor (mask the edges), and programs may run in any order. Inside a program, a
+load that reads what other lanes stored (another position in the block, or another block shape) needs
+tl.debug_barrier() after the store.
 
 You are given the following architecture:
 ```python
