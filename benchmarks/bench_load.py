@@ -35,6 +35,9 @@ def bench_step(nproc: int, args, env: dict) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--busy", type=int, default=2, help="CPU-bound processes beside the busy runs")
+    ap.add_argument("--busy_session", choices=["same", "own"], default="same",
+                    help="the busy processes in this script's session (with the one-process run's parent) or each "
+                         "in a session of its own (as another user's jobs)")
     ap.add_argument("--load", choices=["both", "quiet", "busy"], default="both")
     ap.add_argument("--nprocs", default="1,2", help="ways to run: ranks per run, comma-separated")
     ap.add_argument("--warmup", type=int, default=1)
@@ -47,7 +50,8 @@ def main() -> int:
     rows = []
     for load in (["quiet", "busy"] if args.load == "both" else [args.load]):
         for nproc in map(int, args.nprocs.split(",")):
-            busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                                     start_new_session=args.busy_session == "own")
                     for _ in range(args.busy if load == "busy" else 0)]
             try:
                 rows.append({"ranks": nproc, "load": load, **bench_step(nproc, args, env)})
@@ -60,7 +64,7 @@ def main() -> int:
     step = {(r["ranks"], r["load"]): r["step"] for r in rows}
     ratios = {f"one_vs_ranks_{load}": round(step[1, load] / step[2, load], 2) for load in ("quiet", "busy")
               if (1, load) in step and (2, load) in step}
-    print(json.dumps({"bench": "load", "busy": args.busy, "env": args.env, "runs": rows, **ratios}))
+    print(json.dumps({"bench": "load", "busy": args.busy, "busy_session": args.busy_session, "env": args.env, "runs": rows, **ratios}))
     return 0
 
 
