@@ -3,12 +3,15 @@
 rests on. A table, then one JSON line.
 
     python benchmarks/bench_load.py                          # 1 process and 2 ranks, quiet and with 2 busy loops
-    python benchmarks/bench_load.py --load 2 --env OMP_WAIT_POLICY=ACTIVE   # under load only, with an env variant
+    python benchmarks/bench_load.py --load busy --env OMP_WAIT_POLICY=ACTIVE   # under load only, with an env variant
+    python benchmarks/bench_load.py --load busy --busy_session own   # the busy loops each in a session of their own
 
 Each run is `bench_step.py [--nproc 2] --warmup W --steps S` (its median step over the timed steps, and its
-rollout and update phases); "busy" runs start `--busy` processes running `while True: pass` first and stop them
-after. The figure to read: one_vs_ranks_busy = one process's step / 2 ranks' step, both beside the busy loops (goal
-<= 1.5). Timings on a shared machine are noise: run it alone (the busy loops are the only other load).
+rollout and update phases); "busy" runs start `--busy` processes running `while True: pass` first (in this script's
+session, like jobs started from the same shell; --busy_session own: each in a session of its own) and stop them
+after. bench_step.py's one-process run re-runs itself in a session of its own as `python trainer.py` does (session.py;
+--env RL_OWN_SESSION=0: it stays in this script's session, with the busy loops). The figure to read:
+one_vs_ranks_busy = one process's step / 2 ranks' step, both beside the busy loops (goal <= 1.5). Timings on a shared machine are noise: run it alone (the busy loops are the only other load).
 """
 import argparse
 import json
