@@ -41,6 +41,7 @@ def wanted(argv: list[str], env: dict, leads_session: bool, autogroup: bool) -> 
 def _die_with_parent() -> None:  # in the child, before exec
     import ctypes
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: a SIGKILLed parent takes the child along
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, PASSED_ON)  # the parent's mask is inherited across exec
 
 
 def own_session(argv: list[str]) -> None:
@@ -48,10 +49,12 @@ def own_session(argv: list[str]) -> None:
     process as the child ended."""
     if not wanted(argv, os.environ, os.getsid(0) == os.getpid(), autogroup_on()):
         return
+    signal.pthread_sigmask(signal.SIG_BLOCK, PASSED_ON)  # held until they can be passed on
     child = subprocess.Popen([sys.executable, *sys.orig_argv[1:]], env={**os.environ, FLAG: "1"},
                              start_new_session=True, preexec_fn=_die_with_parent)
     for sig in PASSED_ON:
         signal.signal(sig, lambda signum, frame: child.send_signal(signum))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, PASSED_ON)
     code = child.wait()
     sys.stdout.flush()
     if code < 0:  # killed by a signal: this process ends by the same one

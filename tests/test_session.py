@@ -15,9 +15,8 @@ from session import FLAG, autogroup_on, wanted
 
 # A stand-in for trainer.py's top: own_session first, then report the session and wait to be stopped.
 PROBE = (f"import os, signal, sys, time; sys.path.insert(0, {str(ROOT)!r}); import session; "
-         "session.own_session(sys.argv[1:]); "
+         "session.own_session(sys.argv[1:]); signal.signal(signal.SIGINT, lambda *a: sys.exit(5)); "
          "print(os.getpid(), os.getsid(0), os.environ.get('RL_OWN_SESSION'), flush=True); "
-         "signal.signal(signal.SIGINT, lambda *a: sys.exit(5)); "
          "[time.sleep(0.05) for _ in range(int(sys.argv[1]) * 20)]; sys.exit(7)")
 needs_autogroup = pytest.mark.skipif(not autogroup_on(), reason="the kernel does not schedule by session here")
 
