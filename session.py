@@ -6,7 +6,7 @@ Why (docs/speed.md, "One process against 2 ranks"): where Linux's autogroup sche
 between sessions first and between the threads of one session second. torchrun's ranks are sessions of their own; one
 process started from a shell shares its session, and so its share, with every job that shell started. Beside two busy
 loops started from the same session it got about 2/3 of a core where 2 ranks got 2/3 each (one_vs_ranks_busy
-1.75 to 2.5); in a session of its own, a whole core (1.05 to 1.2).
+1.41 to 2.53); in a session of its own, about a whole core (1.04 to 1.39).
 
 The parent only waits: SIGINT, SIGTERM, SIGHUP and SIGQUIT are passed on to the child (Ctrl-C reaches the terminal's
 foreground process group, which the child has left), the child dies with the parent (PR_SET_PDEATHSIG), and the parent
