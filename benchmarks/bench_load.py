@@ -3,12 +3,15 @@
 rests on. A table, then one JSON line.
 
     python benchmarks/bench_load.py                          # 1 process and 2 ranks, quiet and with 2 busy loops
-    python benchmarks/bench_load.py --load 2 --env OMP_WAIT_POLICY=ACTIVE   # under load only, with an env variant
+    python benchmarks/bench_load.py --load busy --env OMP_WAIT_POLICY=ACTIVE   # under load only, with an env variant
+    python benchmarks/bench_load.py --load busy --busy_session own   # the busy loops each in a session of their own
 
 Each run is `bench_step.py [--nproc 2] --warmup W --steps S` (its median step over the timed steps, and its
-rollout and update phases); "busy" runs start `--busy` processes running `while True: pass` first and stop them
-after. The figure to read: one_vs_ranks_busy = one process's step / 2 ranks' step, both beside the busy loops (goal
-<= 1.5). Timings on a shared machine are noise: run it alone (the busy loops are the only other load).
+rollout and update phases); "busy" runs start `--busy` processes running `while True: pass` first (in this script's
+session, like jobs started from the same shell; --busy_session own: each in a session of its own) and stop them
+after. bench_step.py's one-process run re-runs itself in a session of its own as `python trainer.py` does (session.py;
+--env RL_OWN_SESSION=0: it stays in this script's session, with the busy loops). The figure to read:
+one_vs_ranks_busy = one process's step / 2 ranks' step, both beside the busy loops (goal <= 1.5). Timings on a shared machine are noise: run it alone (the busy loops are the only other load).
 """
 import argparse
 import json
@@ -35,6 +38,9 @@ def bench_step(nproc: int, args, env: dict) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--busy", type=int, default=2, help="CPU-bound processes beside the busy runs")
+    ap.add_argument("--busy_session", choices=["same", "own"], default="same",
+                    help="the busy processes in this script's session (with the one-process run's parent) or each "
+                         "in a session of its own (as another user's jobs)")
     ap.add_argument("--load", choices=["both", "quiet", "busy"], default="both")
     ap.add_argument("--nprocs", default="1,2", help="ways to run: ranks per run, comma-separated")
     ap.add_argument("--warmup", type=int, default=1)
@@ -47,7 +53,8 @@ def main() -> int:
     rows = []
     for load in (["quiet", "busy"] if args.load == "both" else [args.load]):
         for nproc in map(int, args.nprocs.split(",")):
-            busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                                     start_new_session=args.busy_session == "own")
                     for _ in range(args.busy if load == "busy" else 0)]
             try:
                 rows.append({"ranks": nproc, "load": load, **bench_step(nproc, args, env)})
@@ -60,7 +67,7 @@ def main() -> int:
     step = {(r["ranks"], r["load"]): r["step"] for r in rows}
     ratios = {f"one_vs_ranks_{load}": round(step[1, load] / step[2, load], 2) for load in ("quiet", "busy")
               if (1, load) in step and (2, load) in step}
-    print(json.dumps({"bench": "load", "busy": args.busy, "env": args.env, "runs": rows, **ratios}))
+    print(json.dumps({"bench": "load", "busy": args.busy, "busy_session": args.busy_session, "env": args.env, "runs": rows, **ratios}))
     return 0
 
 

@@ -74,11 +74,14 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from unittest import mock
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+if __name__ == "__main__":  # one process in a session of its own, as `python trainer.py` runs (session.py)
+    import session
+    session.own_session(sys.argv[1:])
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as trainer.py sets it, before torch loads OpenMP
 import torch  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 import launch  # noqa: E402
 import model as M  # noqa: E402
 import trainer  # noqa: E402
