@@ -330,11 +330,22 @@ def hook_programs(programs: Programs) -> None:
         setattr(B, name, atomically(getattr(B, name)))
 
 
+MAX_RUNS = 16          # runs of one case at most (the parent's _MAX_RUNS)
+
+
 class Interpreted:
-    """What the harness adds to interpreted launches (CPU): the sm_90 compile and the permuted, race-checked grid."""
+    """What the harness adds to interpreted launches (CPU): the sm_90 compile and the race-checked grid. A case
+    runs once, then again with run_index 1, 2, ... (a fresh model, the same inputs) until `runs`: a launch raises
+    `runs` with want_runs where one run cannot show what a GPU may do (programs that meet in atomics, autotune
+    configs); the parent compares every run with the reference."""
 
     def __init__(self, text: str, load):
         self.compiler, self.programs = GpuCompiler(text, load), Programs()
+        self.run_index, self.runs = 0, 1
+
+    def want_runs(self, n: int) -> None:
+        """The case that runs now needs n runs in all (at most MAX_RUNS)."""
+        self.runs = max(self.runs, min(n, MAX_RUNS))
 
     def hook(self) -> None:
         hook_programs(self.programs)

@@ -9,13 +9,16 @@ reference role: reads reference.py, writes ref.pt = {"cases": [case], "ms": floa
 candidate role: stdin = torch.save({"cases": [{"init_seed", "init_inputs", "state"}], "inputs": [uint8 tensor:
     torch.save(inputs of that case)]}), read and closed before candidate.py runs; writes result.bin, a
     safetensors file: tensors "out.<case>.<i>" (outputs) and "after.<case>.<i>" (tensor inputs after the
-    call), metadata {"meta": JSON {"error": reason | null, "detail": str, "phase": "import" | "init" |
-    "forward" | null (where the error happened; "import": before any input existed), "n_out": [int],
-    "launches": [int], "violations": [str], "ms": float | null}}, then ends with os._exit (no atexit hook or
+    call) of each case's run 0, "out.<case>.<i>.<run>" and "after.<case>.<i>.<run>" of its further runs,
+    metadata {"meta": JSON {"error": reason | null, "detail": str, "phase": "import" | "init" | "forward" |
+    null (where the error happened; "import": before any input existed), "n_out": [int], "launches": [int],
+    "runs": [int], "violations": [str], "ms": float | null}}, then ends with os._exit (no atexit hook or
     finalizer runs).
 Per case, in this order: torch.manual_seed(init_seed) (the reference's init seed, never its input seed),
 ModelNew(*init_inputs), the reference state_dict loaded when names and shapes match, then the inputs are
-decoded (they did not exist in this process before), the RNG reseeded from os.urandom, one forward.
+decoded (they did not exist in this process before), the RNG reseeded from os.urandom, one forward. On CPU a
+case runs again, from a fresh model on the same inputs, as often as its launches asked (Interpreted.want_runs:
+other schedules of programs that use atomics, each autotune config): "runs" per case, each run's outputs.
 Audit, over the module body, __init__ and forward alike: the process may start no thread or process once the
 candidate runs (on CPU RLIMIT_NPROC 0 and the OS thread count is checked; on CUDA, where the driver starts
 threads and Triton runs ptxas, only Python threads are checked); Tensor.numpy / tolist / __array__ /
@@ -293,8 +296,9 @@ class _Candidate:
         self.job, self.data = job, data
         self.audit = _Audit()
         self.tensors = {}
-        self.meta = {"error": None, "detail": "", "phase": None, "n_out": [], "launches": [], "violations": [],
-                     "ms": None}
+        self.meta = {"error": None, "detail": "", "phase": None, "n_out": [], "launches": [], "runs": [],
+                     "violations": [], "ms": None}
+        self.interpreted = None          # triton_gpu.Interpreted on CPU
 
     def run(self) -> None:
         with open(_CANDIDATE, encoding="utf-8") as f:
@@ -303,7 +307,8 @@ class _Candidate:
         if cpu:
             from triton_gpu import Interpreted     # shipped beside this file (the GPU's semantics, CPU only)
             self.audit.garbage = torch.Generator().manual_seed(int.from_bytes(os.urandom(7), "little"))
-        _hook_launches(self.audit, Interpreted(text, self.load) if cpu else None)    # forks the compiler (CPU)
+            self.interpreted = Interpreted(text, self.load)     # forks the compiler
+        _hook_launches(self.audit, self.interpreted)
         _guard_bridges(self.audit)
         threads = _threads()
         if cpu:     # no new thread or process from here on (on CUDA, the driver and ptxas need them)
@@ -341,6 +346,21 @@ class _Candidate:
         return module
 
     def _case(self, module, k: int, case: dict):
+        """Case k: one run, then (CPU) as many more as the interpreted launches wanted (Interpreted.want_runs: other
+        schedules of the programs, other autotune configs), each from a fresh model on the same inputs. Returns
+        run 0's time (CUDA)."""
+        interpreted, runs = self.interpreted, 1
+        ms = self._run(module, k, case, 0)
+        while interpreted and runs < interpreted.runs:
+            interpreted.run_index = runs
+            self._run(module, k, case, runs)
+            runs += 1
+        if interpreted:
+            interpreted.run_index, interpreted.runs = 0, 1
+        self.meta["runs"].append(runs)
+        return ms
+
+    def _run(self, module, k: int, case: dict, run: int):
         device = self.job["device"]
         torch.manual_seed(case["init_seed"])
         model = self._phase("init", lambda: module.ModelNew(*case["init_inputs"]))
@@ -354,14 +374,18 @@ class _Candidate:
         with torch.no_grad():     # the timed calls too: each must launch and none may compute in torch
             outs = _outputs(self._phase("forward", lambda: model(*args)))
             ms = self._phase("forward", lambda: _time_ms(lambda: model(*args))) if self.job["time"] else None
-        calls = 1 + (_TIME_WARMUP + _TIME_ITERS if self.job["time"] else 0)
-        self.meta["launches"].append((self.audit.launches - before) // calls)     # per call, rounded down
-        self.meta["n_out"].append(len(outs))
+        suffix = f".{run}" if run else ""       # run 0's names, then each further run's
+        if run == 0:
+            calls = 1 + (_TIME_WARMUP + _TIME_ITERS if self.job["time"] else 0)
+            self.meta["launches"].append((self.audit.launches - before) // calls)     # per call, rounded down
+            self.meta["n_out"].append(len(outs))
+        elif len(outs) != self.meta["n_out"][k]:
+            raise RuntimeError(f"forward returned {len(outs)} outputs in run {run}, {self.meta['n_out'][k]} in run 0")
         for i, o in enumerate(outs):
-            self.tensors[f"out.{k}.{i}"] = o
+            self.tensors[f"out.{k}.{i}{suffix}"] = o
         for i, a in enumerate(_to("cpu", args)):
             if isinstance(a, torch.Tensor):
-                self.tensors[f"after.{k}.{i}"] = a.contiguous()
+                self.tensors[f"after.{k}.{i}{suffix}"] = a.contiguous()
         return ms
 
 
