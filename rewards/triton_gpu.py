@@ -18,6 +18,7 @@ import random
 import sys
 import tempfile
 
+import greenlet
 import numpy as np
 import torch
 import triton.language as tl
@@ -33,6 +34,8 @@ _GPU_GRID = (2**31 - 1, 65535, 65535)
 # store with any access, an atomic update with a plain load or store (loads with loads and atomics with atomics
 # are fine in any order)
 _CONFLICTS = (("store", ("load", "store", "atomic", "atomic_load")), ("atomic", ("load", "store")))
+_STREAK = 256          # atomics a program makes in a row before runs 0 and 1 let another run (no program starves)
+SCHEDULES = 4          # runs of a case in which programs of a launch met in atomics: grid order, reverse, 2 random
 _ACCESS_WORDS = {"load": "loads", "store": "stores to", "atomic": "updates atomically",
                  "atomic_load": "loads atomically"}
 
@@ -158,13 +161,12 @@ def _warm_up(x_ptr):
 
 
 class Programs:
-    """The programs of each interpreted launch, as the harness runs them: in a random order other than the grid's
-    own (a GPU promises no order), recording the bytes each program loads, stores and updates atomically. A launch
-    in which one program stores (or updates atomically) what another accesses without an atomic is a race: its
-    result on a GPU depends on timing. Atomics among themselves are exempt."""
+    """The race recorder of each interpreted launch: the bytes each program loads, stores and updates atomically
+    (Schedule runs the programs and says which one runs). A launch in which one program stores (or updates
+    atomically) what another accesses without an atomic is a race: its result on a GPU depends on timing. Atomics
+    among themselves are exempt."""
 
     def __init__(self):
-        self.rng = random.Random(os.urandom(16))       # never the candidate's RNG, never a seed it could know
         self.dims = self.program = None                # the running launch's grid, and the program that runs
         self.atomic = False                            # inside an atomic operation of the interpreter
         self.storages = (np.zeros(0, np.uint64), np.zeros(0, np.uint64), [])     # bind: (starts, ends, names)
@@ -185,21 +187,12 @@ class Programs:
 
     def start(self, dims: tuple) -> None:
         self.outside = None                            # the launch's first access outside every storage
-        n = math.prod(dims)
-        self.dims, self.program, self.order = dims, None, list(range(n))
-        while n > 1 and self.order == sorted(self.order):
-            self.rng.shuffle(self.order)
-        self.pending = {kind: [] for kind in _ACCESS_WORDS}     # byte addresses of the running program
+        self.dims, self.program = dims, None
+        self.pending = {}                              # program -> {kind: [byte addresses]} of unfinished programs
         self.touched = {kind: [] for kind in _ACCESS_WORDS}     # (addresses, program) of the finished ones
 
-    def enter(self, index: tuple) -> tuple:
-        """The program to run at the grid's position `index`: (x, y, z) of the permuted order."""
-        self._flush()
-        _, ny, nz = self.dims
-        self.program = self.order[(index[0] * ny + index[1]) * nz + index[2]]
-        return self._index(self.program)
-
-    def _index(self, program: int) -> tuple:
+    def index(self, program: int) -> tuple:
+        """The grid position (x, y, z) of the program numbered `program` in the grid's own order."""
         _, ny, nz = self.dims
         return program // (ny * nz), program // nz % ny, program % nz
 
@@ -209,21 +202,23 @@ class Programs:
             return
         if self.atomic:
             kind = {"load": "atomic_load", "store": "atomic"}.get(kind, kind)
-        addresses = ptrs.data if mask is None else ptrs.data[np.broadcast_to(mask.data, ptrs.data.shape)]
-        size = max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
-        touched = (addresses.astype(np.uint64).reshape(-1, 1) + np.arange(size, dtype=np.uint64)).ravel()
-        self.pending[kind].append(touched)
+        touched = _bytes(ptrs, mask)
+        self.pending.setdefault(self.program, {k: [] for k in _ACCESS_WORDS})[kind].append(touched)
         starts, ends, _ = self.storages
         at = np.searchsorted(starts, touched, "right") - 1
         outside = (at < 0) | (touched >= ends[np.maximum(at, 0)])
         if self.outside is None and outside.any():
             self.outside = (kind, self.program, int(touched[np.argmax(outside)]), int(outside.sum()))
 
+    def done(self, program: int) -> None:
+        """`program` has ended: its bytes join the launch's."""
+        for kind, parts in self.pending.pop(program, {}).items():
+            if parts:
+                self.touched[kind].append((np.unique(np.concatenate(parts)), program))
+
     def _flush(self) -> None:
-        for kind, parts in self.pending.items():
-            if parts and self.program is not None:
-                self.touched[kind].append((np.unique(np.concatenate(parts)), self.program))
-            parts.clear()
+        for program in list(self.pending):
+            self.done(program)
 
     def abandon(self) -> None:
         self.dims = self.program = None
@@ -242,7 +237,7 @@ class Programs:
             near = int(np.argmin([min(abs(int(a) - address), abs(int(e) - 1 - address)) for a, e in
                                   zip(starts, ends)])) if names else None
             found.append(f"out_of_bounds: {kernel}: {names[near] if names else '-'}: program "
-                         f"{self._index(program)} {_ACCESS_WORDS[kind]} {count} bytes outside every tensor "
+                         f"{self.index(program)} {_ACCESS_WORDS[kind]} {count} bytes outside every tensor "
                          f"argument's storage (first at {address - int(starts[near]) if names else address:+d})")
         for kind, others in _CONFLICTS:
             clash = _first_clash(self._spans((kind,)), self._spans(others))
@@ -272,8 +267,15 @@ class Programs:
                             0 <= address - t.data_ptr() < t.element_size() * (1 + sum((s - 1) * d for s, d in
                                                                                       zip(t.shape, t.stride())))),
                            ("-", "memory outside the tensor arguments"))
-        return f"{name}: program {self._index(p)} {_ACCESS_WORDS[k]} {where}, which program {self._index(q)} " \
+        return f"{name}: program {self.index(p)} {_ACCESS_WORDS[k]} {where}, which program {self.index(q)} " \
                f"{_ACCESS_WORDS[j]}"
+
+
+def _bytes(ptrs, mask) -> np.ndarray:
+    """The byte addresses (uint64) that the element addresses in `ptrs` (a TensorHandle) cover where `mask` is set."""
+    addresses = ptrs.data if mask is None else ptrs.data[np.broadcast_to(mask.data, ptrs.data.shape)]
+    size = max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
+    return (addresses.astype(np.uint64).reshape(-1, 1) + np.arange(size, dtype=np.uint64)).ravel()
 
 
 def _first_clash(mine: tuple, theirs: tuple) -> int | None:
@@ -285,18 +287,15 @@ def _first_clash(mine: tuple, theirs: tuple) -> int | None:
 
 
 def hook_programs(programs: Programs) -> None:
-    """Route the interpreter's grid and memory operations through `programs`: set_grid_dim starts a launch,
-    set_grid_idx picks the permuted program, every load, store and atomic records its bytes."""
+    """Route the interpreter's grid and memory operations through `programs`: set_grid_dim starts a launch, every
+    load, store and atomic records its bytes (which program runs: hook_schedule)."""
     from triton.runtime.interpreter import InterpreterBuilder as B
-    set_dim, set_idx = B.set_grid_dim, B.set_grid_idx
+    set_dim = B.set_grid_dim
     load, store, rmw, cas = B.create_masked_load, B.create_masked_store, B.create_atomic_rmw, B.create_atomic_cas
 
     def set_grid_dim(self, nx, ny, nz):
         programs.start((nx, ny, nz))
         return set_dim(self, nx, ny, nz)
-
-    def set_grid_idx(self, x, y, z):
-        return set_idx(self, *programs.enter((x, y, z)))
 
     def masked_load(self, ptrs, mask, *rest):
         programs.record("load", ptrs, mask)
@@ -323,11 +322,187 @@ def hook_programs(programs: Programs) -> None:
                 programs.atomic = False
         return run
 
-    B.set_grid_dim, B.set_grid_idx, B.create_masked_load, B.create_masked_store = \
-        set_grid_dim, set_grid_idx, masked_load, masked_store
+    B.set_grid_dim, B.create_masked_load, B.create_masked_store = set_grid_dim, masked_load, masked_store
     B.create_atomic_rmw, B.create_atomic_cas = atomic_rmw, atomic_cas
     for name in ("create_atomic_load", "create_atomic_store", "create_atomic_poll"):
         setattr(B, name, atomically(getattr(B, name)))
+
+
+class Deadlock(BaseException):
+    """Every program of a launch still running waits in an atomic that no program will change (a BaseException:
+    the interpreter turns an Exception from a kernel body into an InterpreterError, a compile_error)."""
+
+
+class Schedule:
+    """The programs of one interpreted launch run as a GPU may run them: overlapping. Each program is a coroutine
+    (a greenlet: the harness allows no thread) that may be suspended at every atomic operation (atomic_rmw,
+    atomic_cas, atomic_load, atomic_store, atomic_poll), each of which stays indivisible. Run 0 of a case admits
+    the programs in the grid's own order, run 1 in its reverse, and each runs until it ends or waits; later runs
+    admit them in a random order and switch to a random live program (or admit the next) before every atomic,
+    seeded from os.urandom. A launch whose atomics came from 2 or more programs asks for SCHEDULES runs.
+
+    Switching at atomics only is as strong as switching at every load and store for any launch the race check
+    passes: a plain access to a byte that another program stores or updates atomically is a race (Programs), so
+    the programs of a race-free launch share only what they reach through atomics, and what a program does
+    between two atomics reads and writes memory no other program touches in that launch; moving a switch into
+    that stretch changes nothing any program can observe. Atomics are sequentially consistent here (relaxed
+    ordering is not emulated).
+
+    A spin-wait ends: a program whose atomic changes nothing in memory (atomic_load, a failed atomic_cas, an
+    atomic_poll not yet matched, atomic_add 0 ...) and repeats such an access (same addresses, same values) with no
+    atomic having changed memory since is blocked until an atomic changes one of the bytes it read; no schedule
+    runs a blocked program. When every live program is blocked and none is left to admit, each is let go once (a
+    repeated read need not be a wait); when they all block again with no atomic having changed memory, no program
+    having ended and none having read anything new, the launch is a deadlock (a GPU hangs)."""
+
+    def __init__(self):
+        self.rng = random.Random(os.urandom(16))       # never the candidate's RNG, never a seed it could know
+        self.run_index = 0
+        self.executor = self.launch = None             # GridExecutor running; its programs (start)
+
+    def start(self, n: int, place, ended) -> None:
+        """A launch of n programs begins: place(p) makes p the running program (grid index, race recorder),
+        ended(p) says it has ended."""
+        self.launch, self.place, self.ended, self.atomics = n, place, ended, set()
+        self.executor.fn = self._defer(self.executor.fn)
+
+    def _defer(self, body):
+        """The interpreter's loop calls the kernel body once per program: the first call runs them all here."""
+        def programs(**args):
+            n, self.launch = self.launch, None
+            if n is not None:
+                self._run(n, lambda: body(**args))
+        return programs
+
+    def _run(self, n: int, body) -> None:
+        order = list(range(n))
+        if self.run_index == 1:
+            order.reverse()
+        elif self.run_index > 1:
+            self.rng.shuffle(order)
+        self.random, self.waiting, self.live = self.run_index > 1, order[::-1], {}   # live: program -> greenlet
+        self.blocked, self.seen, self.version = {}, {}, 0      # program -> bytes it waits on; its unchanged reads
+        self.progress = True
+        self.current, self.streak = None, 0
+        main = greenlet.getcurrent()
+        try:
+            while self.live or self.waiting:
+                program = self._next()
+                if program is None:
+                    raise Deadlock(f"{len(self.live)} programs wait in atomics that no program will change")
+                if program not in self.live:
+                    self.live[program] = greenlet.greenlet(body, parent=main)
+                self.current, self.streak = program, 0
+                self.place(program)
+                self.live[program].switch()
+                if self.live[program].dead:
+                    self.progress = True
+                    del self.live[program]
+                    self.seen.pop(program, None)
+                    self.ended(program)
+        finally:
+            for g in self.live.values():       # a kernel that raised or deadlocked: unwind the others
+                g.throw()
+            self.live = {}
+
+    def _next(self):
+        """The program to run next (a new one: popped from waiting), or None when all live ones are blocked, none
+        is left to admit and none made progress (a write, a new read, an end) since they were last all blocked:
+        then each is let go once, as its repeated read may not have been a wait."""
+        if self.live and not self.waiting and len(self.blocked) == len(self.live):
+            if not self.progress:
+                return None
+            self.progress = False
+            self.blocked.clear()
+        runnable = [p for p in self.live if p not in self.blocked]
+        if self.random:
+            choice = self.rng.randrange(len(runnable) + bool(self.waiting)) if runnable or self.waiting else None
+            return None if choice is None else runnable[choice] if choice < len(runnable) else self.waiting.pop()
+        if self.current in runnable and self.streak < _STREAK:
+            return self.current
+        others = [p for p in runnable if p != self.current]
+        return others[0] if others else self.waiting.pop() if self.waiting else runnable[0] if runnable else None
+
+    def atomic(self, op, read, addresses: np.ndarray):
+        """op() (an atomic operation of the running program on the bytes `addresses`) at a point where another
+        program may run first; read() is the bytes there. Blocks the program when op changed nothing and repeats an
+        access since which nothing changed."""
+        program = self.current
+        self.atomics.add(program)
+        self.streak += 1
+        if self.random or self.streak >= _STREAK:
+            self._pause()
+        before = read()
+        out = op()
+        after = read()
+        if before != after:
+            self.version, self.progress = self.version + 1, True
+            for other, waits in list(self.blocked.items()):
+                if np.intersect1d(waits, addresses, assume_unique=False).size:
+                    del self.blocked[other]
+            return out
+        version, reads = self.seen.get(program, (None, None))
+        if version != self.version:
+            reads = {}
+            self.seen[program] = self.version, reads
+        key = addresses.tobytes(), after
+        if key in reads:
+            self.blocked[program] = np.concatenate(list(reads.values()))
+            self._pause()
+        else:
+            self.progress = True
+        reads[key] = addresses
+        return out
+
+    def _pause(self) -> None:
+        self.live[self.current].parent.switch()
+
+
+def hook_schedule(programs: Programs, schedule: Schedule) -> None:
+    """Run each interpreted launch's programs under `schedule`: the interpreter's loop over the grid defers to it
+    (GridExecutor.__call__ hands it the executor, set_grid_dim the launch), every atomic operation goes through
+    Schedule.atomic, and tl.atomic_poll polls with atomic loads (the interpreter's own busy loop would spin
+    forever inside one program)."""
+    from triton.runtime.interpreter import GridExecutor, InterpreterBuilder as B, TensorHandle, _get_np_dtype, \
+        _interpreter
+    call, set_dim, set_idx, load = GridExecutor.__call__, B.set_grid_dim, B.set_grid_idx, B.create_masked_load
+
+    def grid_call(self, *args, **kwargs):
+        schedule.executor, fn = self, self.fn
+        try:
+            return call(self, *args, **kwargs)
+        finally:
+            schedule.executor, self.fn = None, fn
+
+    def set_grid_dim(self, nx, ny, nz):
+        out = set_dim(self, nx, ny, nz)
+        schedule.start(nx * ny * nz, lambda p: (setattr(programs, "program", p), set_idx(self, *programs.index(p))),
+                       programs.done)
+        return out
+
+    def scheduled(method, where):      # where(args) -> (pointers, mask) of the atomic
+        def run(self, *args):
+            ptrs, mask = where(args)
+            mask = TensorHandle(np.ones(ptrs.data.shape, np.bool_), tl.int1) if mask is None else mask
+            dtype = _get_np_dtype(ptrs.get_element_ty())
+            return schedule.atomic(lambda: method(self, *args), lambda: _interpreter.load(
+                ptrs.data, mask.data, np.zeros(ptrs.data.shape, dtype), dtype).tobytes(), _bytes(ptrs, mask))
+        return run
+
+    def atomic_poll(self, ptr, expected, timeout_ns, sem, scope):
+        mask, tries = TensorHandle(np.ones(ptr.data.shape, np.bool_), tl.int1), 0
+        while True:       # unchanged reads block the program until another changes the flag (Schedule.atomic)
+            matched = self.create_atomic_load(ptr, mask, sem, scope).data == expected.data
+            tries += 1
+            if matched.all() or isinstance(timeout_ns, TensorHandle) and tries > 1:    # no timeout: an ir.value()
+                return TensorHandle(matched, tl.int1)
+
+    GridExecutor.__call__, B.set_grid_dim = grid_call, set_grid_dim
+    for name, where in (("create_atomic_rmw", lambda a: (a[1], a[3])), ("create_atomic_cas", lambda a: (a[0], None)),
+                        ("create_atomic_load", lambda a: (a[0], a[1])),
+                        ("create_atomic_store", lambda a: (a[0], a[2]))):
+        setattr(B, name, scheduled(getattr(B, name), where))
+    B.create_atomic_poll = atomic_poll
 
 
 MAX_RUNS = 16          # runs of one case at most (the parent's _MAX_RUNS)
@@ -338,17 +513,36 @@ class Interpreted:
     runs once, then again with run_index 1, 2, ... (a fresh model, the same inputs) until `runs`: a launch raises
     `runs` with want_runs where one run cannot show what a GPU may do (programs that meet in atomics, autotune
     configs); the parent compares every run with the reference."""
+    Deadlock = Deadlock
 
     def __init__(self, text: str, load):
-        self.compiler, self.programs = GpuCompiler(text, load), Programs()
-        self.run_index, self.runs = 0, 1
+        self.compiler, self.programs, self.schedule = GpuCompiler(text, load), Programs(), Schedule()
+        self.runs = 1
+
+    @property
+    def run_index(self) -> int:
+        """Which run of the case runs now (0 first; the harness sets it): picks the schedule."""
+        return self.schedule.run_index
+
+    @run_index.setter
+    def run_index(self, value: int) -> None:
+        self.schedule.run_index = value
 
     def want_runs(self, n: int) -> None:
         """The case that runs now needs n runs in all (at most MAX_RUNS)."""
         self.runs = max(self.runs, min(n, MAX_RUNS))
 
+    def finish(self, kernel: str, arguments: dict, deadlock: Deadlock | None = None) -> list:
+        """The violations of the launch that just ran (or deadlocked); a launch whose programs met in atomics asks
+        for SCHEDULES runs of its case."""
+        found = self.programs.finish(kernel, arguments)
+        if len(self.schedule.atomics) > 1:
+            self.want_runs(SCHEDULES)
+        return found + ([f"deadlock: {kernel}: {deadlock} (run {self.run_index})"] if deadlock else [])
+
     def hook(self) -> None:
         hook_programs(self.programs)
+        hook_schedule(self.programs, self.schedule)
         hook_numerics()
 
 

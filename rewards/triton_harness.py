@@ -184,9 +184,11 @@ def _hook_launches(audit: _Audit, interpreted) -> None:
                 out = run(self, *args, grid=(lambda meta: audit.in_host(grid, meta)) if callable(grid) else grid,
                           warmup=warmup, **kwargs)
                 if checked:
-                    audit.violations.update(v[:_VIOLATION_CHARS] for v in checked.programs.finish(
-                        self.fn.__name__, arguments))
+                    audit.violations.update(v[:_VIOLATION_CHARS] for v in checked.finish(self.fn.__name__, arguments))
                 return out
+            except checked.Deadlock if checked else () as e:     # it never ends on a GPU: a violation, forward goes on
+                audit.violations.update(v[:_VIOLATION_CHARS] for v in checked.finish(self.fn.__name__, arguments, e))
+                return None
             finally:
                 audit.depth -= 1
                 if checked:
