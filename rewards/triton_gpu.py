@@ -5,9 +5,10 @@ ships both files into the scratch dir. Imports only stdlib, torch, triton, numpy
 What a GPU would do differently, checked on CPU at every interpreted launch (the interpreter runs a kernel body as
 Python, one program after another): the kernel must compile for sm_90 with the launch's argument types,
 constexprs and options, down to ptxas, and fit sm_90's shared memory (GpuCompiler; violation "gpu_compile: ...",
-the kernel does not run), and its grid CUDA's limits; its programs run in a random order other than the grid's
-own, and one that stores (or updates atomically) a byte another program accesses without an atomic is a
-violation "race: ..." (Programs). Both live in Triton's own classes, patched here before the candidate's text
+the kernel does not run), and its grid CUDA's limits; its programs overlap, switching at atomics, under the
+grid's order, its reverse and random schedules, one per run of the case (Schedule; violation "deadlock: ..." when
+they all wait forever), and one that stores (or updates atomically) a byte another program accesses without an
+atomic is a violation "race: ..." (Programs). Both live in Triton's own classes, patched here before the candidate's text
 runs; the accepted language names neither these classes nor their modules.
 """
 

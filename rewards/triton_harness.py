@@ -157,8 +157,9 @@ def _hook_launches(audit: _Audit, interpreted) -> None:
     """Count real kernel launches (jit on GPU, interpreter on CPU; autotuners end in one of these), refuse the
     ones _refused_launch names, mark the time inside them, and run grid and heuristics callables in the host
     window. Interpreted launches (CPU) also compile for sm_90 first (refused when that fails) and run their
-    programs in a permuted order with the race check; the autotuner takes its first config there (the
-    interpreter has no benchmarker)."""
+    programs overlapping under the case's schedule with the race check (triton_gpu.Interpreted; a deadlock is a
+    violation and the launch returns); the autotuner takes its first config there (the interpreter has no
+    benchmarker)."""
     from triton.runtime.autotuner import Autotuner, Heuristics
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction

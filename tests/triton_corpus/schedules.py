@@ -2,6 +2,7 @@
 every order in which whole programs run one after another (and with the autotuner's first config), wrong when
 programs interleave at atomics as on a GPU or when another config runs; each beside an honest kernel in the same
 style that must keep scoring 1.0. (id, task, attack, reason, honest) in CASES; HONEST: kernels with no attack twin.
+Every attack and every honest kernel here scored 1.0 on main before the change (a4162e1).
 
   cas_without_retry        tl.atomic_cas read-modify-write of a total, no retry loop / with the retry loop
   load_then_store          tl.atomic_load then tl.atomic_store of a total / tl.atomic_add
