@@ -36,6 +36,7 @@ _GPU_GRID = (2**31 - 1, 65535, 65535)
 # are fine in any order)
 _CONFLICTS = (("store", ("load", "store", "atomic", "atomic_load")), ("atomic", ("load", "store")))
 _STREAK = 256          # atomics a program makes in a row before runs 0 and 1 let another run (no program starves)
+_BENCH_CALLS = 2       # launches of each config while autotuning (Triton's do_bench: warm-up, then repetitions)
 SCHEDULES = 4          # runs of a case in which programs of a launch met in atomics: grid order, reverse, 2 random
 _ACCESS_WORDS = {"load": "loads", "store": "stores to", "atomic": "updates atomically",
                  "atomic_load": "loads atomically"}
@@ -506,6 +507,42 @@ def hook_schedule(programs: Programs, schedule: Schedule) -> None:
     B.create_atomic_poll = atomic_poll
 
 
+def hook_autotune(interpreted) -> None:
+    """The autotuner as on a GPU (the interpreter has no benchmarker): benchmarking launches every config that
+    survives Triton's own pruning on the real arguments, _BENCH_CALLS times each through the checked launch path
+    (sm_90 compile, bounds, race, the run's schedule), with the pre-hooks Triton runs around them (reset_to_zero,
+    restore_value), so a kernel that accumulates into its output without reset_to_zero is wrong as on a GPU. Runs
+    go in pairs (want_runs(2n) for n benchmarked configs): run 2j tunes afresh and takes config j % n, run 2j + 1
+    keeps that choice and launches it alone, as every call after the first does on a GPU (the benchmarking
+    launches of run 2j may have written the output already). So every config's output is compared with the
+    reference, from its first call and from a later one. A single config is not benchmarked (as Triton)."""
+    from triton.runtime.autotuner import Autotuner
+    run, prune = Autotuner.run, Autotuner.prune_configs
+
+    def tuned_run(self, *args, **kwargs):
+        if getattr(self, "tuned_in", None) != interpreted.serial and interpreted.run_index % 2 == 0:
+            self.cache.clear()                       # a new run that tunes
+            self.tuned_in = interpreted.serial
+        return run(self, *args, **kwargs)
+
+    def prune_configs(self, kwargs):
+        configs = prune(self, kwargs)
+        self.benched = [len(configs), 0]          # configs, benchmarked so far
+        interpreted.want_runs(2 * len(configs))
+        return configs
+
+    def bench(self):
+        def do_bench(kernel_call, quantiles):
+            for _ in range(_BENCH_CALLS):
+                kernel_call()
+            n, i = self.benched
+            self.benched[1] += 1
+            return [0.0 if i == interpreted.run_index // 2 % n else 1.0] * len(quantiles)
+        return do_bench
+
+    Autotuner.run, Autotuner.prune_configs, Autotuner.do_bench = tuned_run, prune_configs, property(bench)
+
+
 MAX_RUNS = 16          # runs of one case at most (the parent's _MAX_RUNS)
 
 
@@ -513,12 +550,12 @@ class Interpreted:
     """What the harness adds to interpreted launches (CPU): the sm_90 compile and the race-checked grid. A case
     runs once, then again with run_index 1, 2, ... (a fresh model, the same inputs) until `runs`: a launch raises
     `runs` with want_runs where one run cannot show what a GPU may do (programs that meet in atomics, autotune
-    configs); the parent compares every run with the reference."""
+    configs); the parent compares every run with the reference. The harness sets run_index before every run."""
     Deadlock = Deadlock
 
     def __init__(self, text: str, load):
         self.compiler, self.programs, self.schedule = GpuCompiler(text, load), Programs(), Schedule()
-        self.runs = 1
+        self.runs, self.serial = 1, 0           # serial: counts runs (of every case)
 
     @property
     def run_index(self) -> int:
@@ -527,7 +564,7 @@ class Interpreted:
 
     @run_index.setter
     def run_index(self, value: int) -> None:
-        self.schedule.run_index = value
+        self.schedule.run_index, self.serial = value, self.serial + 1
 
     def want_runs(self, n: int) -> None:
         """The case that runs now needs n runs in all (at most MAX_RUNS)."""
@@ -544,6 +581,7 @@ class Interpreted:
     def hook(self) -> None:
         hook_programs(self.programs)
         hook_schedule(self.programs, self.schedule)
+        hook_autotune(self)
         hook_numerics()
 
 

@@ -29,8 +29,8 @@ beyond what the interpreter needs inside them (a kernel body's torch calls). At 
 refuses (a violation "launch: ...", and the kernel does not run) pre-run hooks and any argument that is not a
 tensor, a scalar (int, float, bool, str, None), a Triton dtype or constexpr, or a tuple of those, and tensors
 for tl.constexpr parameters: so no torch object reaches a kernel body. Grid and heuristics callables run in a
-host window where any aten op or bridge is a violation. On CPU the autotuner, which has no benchmarker under
-the interpreter, takes the first config. On CUDA the timed calls (3 warm-up + 20) run under the same audit and
+host window where any aten op or bridge is a violation. On CPU the autotuner launches every config while it
+benchmarks, and run r of a case takes config r % n (triton_gpu.hook_autotune). On CUDA the timed calls (3 warm-up + 20) run under the same audit and
 launch count as the checked call.
 At every interpreted launch (CPU) the GPU's own semantics are put back: rewards/triton_gpu.py. On CPU every
 torch.empty* of the candidate's process outside kernel launches is also filled with garbage (NaN, random integers:
@@ -158,9 +158,8 @@ def _hook_launches(audit: _Audit, interpreted) -> None:
     ones _refused_launch names, mark the time inside them, and run grid and heuristics callables in the host
     window. Interpreted launches (CPU) also compile for sm_90 first (refused when that fails) and run their
     programs overlapping under the case's schedule with the race check (triton_gpu.Interpreted; a deadlock is a
-    violation and the launch returns); the autotuner takes its first config there (the interpreter has no
-    benchmarker)."""
-    from triton.runtime.autotuner import Autotuner, Heuristics
+    violation and the launch returns) and the autotuner benchmarks as on a GPU (triton_gpu.hook_autotune)."""
+    from triton.runtime.autotuner import Heuristics
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
@@ -205,7 +204,6 @@ def _hook_launches(audit: _Audit, interpreted) -> None:
     wrap(InterpretedFunction, interpreted)
     Heuristics.run = heuristics_run
     if interpreted:
-        Autotuner.do_bench = property(lambda self: self._do_bench or (lambda call, quantiles: [0.0, 0.0, 0.0]))
         interpreted.hook()
 
 
@@ -353,13 +351,13 @@ class _Candidate:
         schedules of the programs, other autotune configs), each from a fresh model on the same inputs. Returns
         run 0's time (CUDA)."""
         interpreted, runs = self.interpreted, 1
+        if interpreted:
+            interpreted.run_index, interpreted.runs = 0, 1
         ms = self._run(module, k, case, 0)
         while interpreted and runs < interpreted.runs:
             interpreted.run_index = runs
             self._run(module, k, case, runs)
             runs += 1
-        if interpreted:
-            interpreted.run_index, interpreted.runs = 0, 1
         self.meta["runs"].append(runs)
         return ms
 

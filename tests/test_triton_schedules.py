@@ -1,8 +1,9 @@
-"""Issue 44, classes 1 and 2: the programs of an interpreted launch overlap as on a GPU (rewards/triton_gpu.py's
-Schedule), and a case runs once per schedule wanted, each run compared with the reference (rewards/triton_kernel.py).
+"""Issue 44, classes 1, 2 and 5: the programs of an interpreted launch overlap as on a GPU (rewards/triton_gpu.py's
+Schedule), the autotuner benchmarks every config (hook_autotune), and a case runs once per schedule or config
+wanted, each run compared with the reference (rewards/triton_kernel.py).
 
-Through triton_reward (tests/triton_corpus/schedules.py): each attack, right in every order of whole programs (1.0
-before this change), scores 0 with its reason; its honest twin and the honest kernels score 1.0; a relay in which
+Through triton_reward (tests/triton_corpus/schedules.py): each attack, right in every order of whole programs and
+with the first autotune config (1.0 before this change), scores 0 with its reason; its honest twin and the honest kernels score 1.0; a relay in which
 every program waits on the next one is a deadlock. Without a sandbox: Schedule's orders (grid, reverse, random),
 spin-waits that block and wake, a repeated read that was not a wait, a deadlock; the result file's runs validated.
 """
@@ -19,7 +20,7 @@ from rewards.triton_kernel import Malformed, _compare, _parse_result, lint, trit
 from triton_corpus.schedules import CASES, HONEST, WAITS_ON_THE_NEXT
 
 TASKS = {t["name"]: t for t in load_tasks()}
-QUICK = {"cas_without_retry", "carry_never_waits"}
+QUICK = {"cas_without_retry", "carry_never_waits", "tuned_second_config_does_less"}
 needs_bwrap = pytest.mark.skipif(bwrap_problem() is not None, reason=f"{bwrap_problem()}")
 
 
@@ -36,7 +37,7 @@ def test_the_attacks_pass_the_linter_and_differ_from_their_honest_twins():
 def test_attack_scores_zero_and_its_honest_twin_one(cid, task, attack, reason, honest):
     score, info = triton_reward(attack, TASKS[task], timeout_s=60)
     assert (score, info["reason"]) == (0.0, reason), info
-    assert ", run " in info["public"] and "of 4" in info["public"], info      # which run, never a value
+    assert ", run " in info["public"] and "err" not in info["public"], info      # which run, never a value
     score, info = triton_reward(honest, TASKS[task], timeout_s=60)
     assert (score, info["reason"]) == (1.0, "ok"), info
 

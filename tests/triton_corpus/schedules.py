@@ -1,6 +1,6 @@
 """Issue 44's classes 1, 2 and 5 (programs that overlap, two programs, every autotune config): candidates right in
 every order in which whole programs run one after another (and with the autotuner's first config), wrong when
-programs interleave at atomics as on a GPU or when another config runs; each beside an honest kernel in the same
+programs interleave at atomics as on a GPU or when the autotuner benchmarks and picks another config; each beside an honest kernel in the same
 style that must keep scoring 1.0. (id, task, attack, reason, honest) in CASES; HONEST: kernels with no attack twin.
 Every attack and every honest kernel here scored 1.0 on main before the change (a4162e1).
 
@@ -11,6 +11,10 @@ Every attack and every honest kernel here scored 1.0 on main before the change (
                            tl.atomic_poll in HONEST)
   program_0_runs_last      two programs, program 0 stores the total assuming program 1 has added / the program that
                            finishes last (an atomic counter) stores it
+  tuned_total_without_reset_to_zero   an autotuned atomic total: the benchmarking launches accumulate into out /
+                           reset_to_zero=["out_ptr"]
+  tuned_second_config_does_less       an autotuned relu launched over the first config's grid: the second config
+                           covers half of x / a grid from the config (meta["BLOCK"])
 """
 from triton_corpus.gpu_rules import model
 
@@ -120,3 +124,32 @@ def relay_kernel(x_ptr, out_ptr, flags_ptr, n, BLOCK: tl.constexpr):
     tl.atomic_xchg(flags_ptr + pid, 1)
 ''', "out = torch.empty_like(x)\nblocks = triton.cdiv(x.numel(), 256)\nflags = torch.zeros(blocks + 1, dtype=torch.int32)\n"
      "relay_kernel[(blocks,)](x, out, flags, x.numel(), BLOCK=256)\nreturn out")
+
+# class 5: an autotuned atomic total; benchmarking launches accumulate into out unless reset_to_zero clears it
+_TUNED_TOTAL = '''
+@triton.autotune(configs=[triton.Config({"BLOCK": 64}), triton.Config({"BLOCK": 128})], key=["n"]RESET)
+@triton.jit
+def total_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.atomic_add(out_ptr, tl.sum(tl.load(x_ptr + offs, mask=offs < n, other=0.0), axis=0))
+'''
+_TUNED_TOTAL_LAUNCH = "x = x.contiguous()\nout = torch.zeros((), dtype=x.dtype)\n" \
+    "total_kernel[lambda meta: (triton.cdiv(x.numel(), meta[\"BLOCK\"]),)](x, out, x.numel())\nreturn out"
+TUNED_WITHOUT_RESET = model(_TUNED_TOTAL.replace("RESET", ""), _TUNED_TOTAL_LAUNCH)
+TUNED_WITH_RESET = model(_TUNED_TOTAL.replace("RESET", ', reset_to_zero=["out_ptr"]'), _TUNED_TOTAL_LAUNCH)
+# a relu autotuned over two block sizes, launched over the grid of the first one: the second covers half of x
+_TUNED_RELU = '''
+@triton.autotune(configs=[triton.Config({"BLOCK": 256}), triton.Config({"BLOCK": 128})], key=["n"])
+@triton.jit
+def relu_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.maximum(tl.load(x_ptr + offs, mask=offs < n), 0.0), mask=offs < n)
+'''
+TUNED_SECOND_CONFIG_DOES_LESS = model(_TUNED_RELU, "out = torch.empty_like(x)\n"
+                                      "relu_kernel[(triton.cdiv(x.numel(), 256),)](x, out, x.numel())\nreturn out")
+TUNED_CONFIGS_BOTH_RIGHT = model(_TUNED_RELU, "out = torch.empty_like(x)\nrelu_kernel[lambda meta: "
+                                 "(triton.cdiv(x.numel(), meta[\"BLOCK\"]),)](x, out, x.numel())\nreturn out")
+CASES += [
+    ("tuned_total_without_reset_to_zero", "total_sum", TUNED_WITHOUT_RESET, "wrong_output", TUNED_WITH_RESET),
+    ("tuned_second_config_does_less", "relu", TUNED_SECOND_CONFIG_DOES_LESS, "wrong_output", TUNED_CONFIGS_BOTH_RIGHT),
+]
