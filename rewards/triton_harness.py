@@ -30,8 +30,8 @@ refuses (a violation "launch: ...", and the kernel does not run) pre-run hooks a
 tensor, a scalar (int, float, bool, str, None), a Triton dtype or constexpr, or a tuple of those, and tensors
 for tl.constexpr parameters: so no torch object reaches a kernel body. Grid and heuristics callables run in a
 host window where any aten op or bridge is a violation. On CPU the autotuner launches every config while it
-benchmarks, and run r of a case takes config r % n (triton_gpu.hook_autotune). On CUDA the timed calls (3 warm-up + 20) run under the same audit and
-launch count as the checked call.
+benchmarks, and the runs of a case take each config in turn (triton_gpu.hook_autotune). On CUDA the timed calls
+(3 warm-up + 20) run under the same audit and launch count as the checked call.
 At every interpreted launch (CPU) the GPU's own semantics are put back: rewards/triton_gpu.py. On CPU every
 torch.empty* of the candidate's process outside kernel launches is also filled with garbage (NaN, random integers:
 _fill_garbage), as a GPU's reused allocator block would be, where CPU gives zero pages.

@@ -59,6 +59,7 @@ SEEDS = tuple((secrets.randbits(31), secrets.randbits(31)) for _ in range(3))
 REFERENCE_TIMEOUT_S = 120      # the task's own code: trusted to finish, run once per task and process
 _HARNESS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "triton_harness.py")
 _GPU_PATH = os.path.join(os.path.dirname(_HARNESS_PATH), "triton_gpu.py")      # the harness imports it
+_SCHEDULE_PATH = os.path.join(os.path.dirname(_HARNESS_PATH), "triton_schedule.py")    # triton_gpu imports it
 _SCRIPT = "import triton_harness; triton_harness.main()"
 _REF_CACHE_SIZE = 256
 _ref_cache: "OrderedDict[tuple, dict]" = OrderedDict()   # (reference_code, device) -> parsed ref.pt
@@ -76,7 +77,8 @@ def _sandbox(files: dict, job: dict, timeout_s: float, out: str, stdin: bytes = 
     """Run the harness for `job` with `files` in its scratch dir, files it writes (and `out` read back here) at
     most fsize_mb MiB. Returns (SandboxResult, bytes of `out` or None)."""
     shipped = {}
-    for name, path in (("triton_harness.py", _HARNESS_PATH), ("triton_gpu.py", _GPU_PATH)):
+    for name, path in (("triton_harness.py", _HARNESS_PATH), ("triton_gpu.py", _GPU_PATH),
+                       ("triton_schedule.py", _SCHEDULE_PATH)):
         with open(path) as f:
             shipped[name] = f.read()
     device = job["device"]
@@ -189,9 +191,9 @@ def _check_layout(header: dict, names: set, data_size: int) -> None:
 def _parse_result(blob: bytes, cases: list) -> dict:
     """The candidate's result.bin, validated field by field (type, allowed values, size) and with exactly the
     tensors the cases call for: {"error", "detail", "launches", "violations", "ms", "outputs": [[[tensor]]],
-    "after": [[{input index: tensor}]]} (per case, per run). Raises Malformed. Every count and byte range is checked against the
-    reference and the file's length before anything is built from it, so a forged file costs at most a few
-    times its own (capped) size here. Nothing is unpickled and nothing is str()-ed."""
+    "after": [[{input index: tensor}]]} (per case, per run). Raises Malformed. Every count and byte range is
+    checked against the reference and the file's length before anything is built from it, so a forged file costs at
+    most a few times its own (capped) size here. Nothing is unpickled and nothing is str()-ed."""
     from safetensors.torch import load as load_tensors
     size = int.from_bytes(blob[:8], "little") if len(blob) >= 8 else -1
     if not 0 < size <= min(_MAX_HEADER, len(blob) - 8):

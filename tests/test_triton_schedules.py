@@ -3,9 +3,10 @@ Schedule), the autotuner benchmarks every config (hook_autotune), and a case run
 wanted, each run compared with the reference (rewards/triton_kernel.py).
 
 Through triton_reward (tests/triton_corpus/schedules.py): each attack, right in every order of whole programs and
-with the first autotune config (1.0 before this change), scores 0 with its reason; its honest twin and the honest kernels score 1.0; a relay in which
-every program waits on the next one is a deadlock. Without a sandbox: Schedule's orders (grid, reverse, random),
-spin-waits that block and wake, a repeated read that was not a wait, a deadlock; the result file's runs validated.
+with the first autotune config (1.0 before this change), scores 0 with its reason; its honest twin and the
+honest kernels score 1.0; a relay in which every program waits on the next one is a deadlock. Without a
+sandbox: Schedule's orders (grid, reverse, random), spin-waits that block and wake (rewards/triton_schedule.py),
+a repeated read that was not a wait, a deadlock; the result file's runs validated.
 """
 import json
 
@@ -15,7 +16,7 @@ import torch
 
 from data.triton_tasks import load_tasks
 from rewards.sandbox import bwrap_problem
-from rewards.triton_gpu import Deadlock, Schedule
+from rewards.triton_schedule import Deadlock, Schedule
 from rewards.triton_kernel import Malformed, _compare, _parse_result, lint, triton_reward
 from triton_corpus.schedules import CASES, HONEST, WAITS_ON_THE_NEXT
 

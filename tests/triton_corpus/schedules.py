@@ -1,7 +1,8 @@
 """Issue 44's classes 1, 2 and 5 (programs that overlap, two programs, every autotune config): candidates right in
 every order in which whole programs run one after another (and with the autotuner's first config), wrong when
-programs interleave at atomics as on a GPU or when the autotuner benchmarks and picks another config; each beside an honest kernel in the same
-style that must keep scoring 1.0. (id, task, attack, reason, honest) in CASES; HONEST: kernels with no attack twin.
+programs interleave at atomics as on a GPU or when the autotuner benchmarks and picks another config; each beside
+an honest kernel in the same style that must keep scoring 1.0. (id, task, attack, reason, honest) in CASES;
+HONEST: kernels with no attack twin.
 Every attack and every honest kernel here scored 1.0 on main before the change (a4162e1).
 
   cas_without_retry        tl.atomic_cas read-modify-write of a total, no retry loop / with the retry loop
@@ -65,8 +66,9 @@ _LOOK_BACK = _CHUNKS + '''    before = 0.0
     tl.atomic_xchg(flags_ptr + row * CHUNKS + chunk, 1)
     tl.store(out_ptr + row * N + cols, tl.cumsum(x, axis=0) + before, mask=cols < N)
 '''
-CARRY_SPINS_ON_LOAD = model(_LOOK_BACK.replace("WAIT", '''while tl.atomic_load(flags_ptr + row * CHUNKS + chunk - 1) == 0:
-            pass'''), _SCAN_LAUNCH)
+_SPIN = '''while tl.atomic_load(flags_ptr + row * CHUNKS + chunk - 1) == 0:
+            pass'''
+CARRY_SPINS_ON_LOAD = model(_LOOK_BACK.replace("WAIT", _SPIN), _SCAN_LAUNCH)
 CARRY_POLLS = model(_LOOK_BACK.replace("WAIT", "tl.atomic_poll(flags_ptr + row * CHUNKS + chunk - 1, 1)"),
                     _SCAN_LAUNCH)
 
@@ -78,8 +80,8 @@ def halves_kernel(x_ptr, acc_ptr, count_ptr, out_ptr, n, BLOCK: tl.constexpr):
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     tl.atomic_add(acc_ptr, tl.sum(tl.load(x_ptr + offs, mask=offs < n, other=0.0), axis=0))
 '''
-_HALVES_LAUNCH = "x = x.contiguous()\nacc = torch.zeros((), dtype=x.dtype)\ncount = torch.zeros((), dtype=torch.int32)\n" \
-    "out = torch.empty((), dtype=x.dtype)\n" \
+_HALVES_LAUNCH = "x = x.contiguous()\nacc = torch.zeros((), dtype=x.dtype)\n" \
+    "count = torch.zeros((), dtype=torch.int32)\nout = torch.empty((), dtype=x.dtype)\n" \
     "halves_kernel[(2,)](x, acc, count, out, x.numel(), BLOCK=triton.next_power_of_2(triton.cdiv(x.numel(), 2)))\n" \
     "return out"
 PROGRAM_0_RUNS_LAST = model(_HALVES + '''    if pid == 0:
@@ -122,7 +124,8 @@ def relay_kernel(x_ptr, out_ptr, flags_ptr, n, BLOCK: tl.constexpr):
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     tl.store(out_ptr + offs, tl.maximum(tl.load(x_ptr + offs, mask=offs < n), 0.0), mask=offs < n)
     tl.atomic_xchg(flags_ptr + pid, 1)
-''', "out = torch.empty_like(x)\nblocks = triton.cdiv(x.numel(), 256)\nflags = torch.zeros(blocks + 1, dtype=torch.int32)\n"
+''', "out = torch.empty_like(x)\nblocks = triton.cdiv(x.numel(), 256)\n"
+     "flags = torch.zeros(blocks + 1, dtype=torch.int32)\n"
      "relay_kernel[(blocks,)](x, out, flags, x.numel(), BLOCK=256)\nreturn out")
 
 # class 5: an autotuned atomic total; benchmarking launches accumulate into out unless reset_to_zero clears it
