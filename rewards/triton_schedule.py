@@ -86,7 +86,8 @@ class Schedule:
                     self.ended(program)
         finally:
             for g in self.live.values():       # a kernel that raised or deadlocked: unwind the others
-                g.throw()
+                if not g.dead:
+                    g.throw()
             self.live = {}
 
     def _next(self):

@@ -131,6 +131,18 @@ def test_programs_that_wait_forever_are_a_deadlock():
             _launch(3, r, program)
 
 
+def test_an_exception_in_one_program_ends_the_launch_with_it():
+    def program(memory, p):              # the others wait on a flag nobody sets: unwound, never a deadlock
+        memory.atomic(0, lambda v: v + 1)
+        if p == 2:
+            raise KeyError("boom")
+        while memory.atomic(8) == 0:
+            pass
+    for r in (0, 1, 2):
+        with pytest.raises(KeyError, match="boom"):
+            _launch(4, r, program)
+
+
 def _blob(runs: list, tensors: dict) -> bytes:
     from safetensors.torch import save
     meta = {"error": None, "detail": "", "phase": None, "n_out": [1] * 3, "launches": [1] * 3, "runs": runs,
