@@ -5,16 +5,16 @@ ships both files into the scratch dir. Imports only stdlib, torch, triton, numpy
 What a GPU would do differently, checked on CPU at every interpreted launch (the interpreter runs a kernel body as
 Python, one program after another): the kernel must compile for sm_90 with the launch's argument types,
 constexprs and options, down to ptxas, and fit sm_90's shared memory (GpuCompiler; violation "gpu_compile: ...",
-the kernel does not run), and its grid CUDA's limits; its programs run in a random order other than the grid's
-own, and one that stores (or updates atomically) a byte another program accesses without an atomic is a
-violation "race: ..." (Programs). Both live in Triton's own classes, patched here before the candidate's text
-runs; the accepted language names neither these classes nor their modules.
+the kernel does not run), and its grid CUDA's limits; its programs overlap, switching at atomics, under the
+grid's order, its reverse and random schedules, one per run of the case (triton_schedule.Schedule; violation
+"deadlock: ..." when they all wait forever), and one that stores (or updates atomically) a byte another program
+accesses without an atomic is a violation "race: ..." (Programs); the autotuner benchmarks every config
+(hook_autotune). All live in Triton's own classes, patched here before the candidate's text runs; the accepted
+language names neither these classes nor their modules.
 """
 
-import math
 import os
 import pickle
-import random
 import sys
 import tempfile
 
@@ -33,6 +33,8 @@ _GPU_GRID = (2**31 - 1, 65535, 65535)
 # store with any access, an atomic update with a plain load or store (loads with loads and atomics with atomics
 # are fine in any order)
 _CONFLICTS = (("store", ("load", "store", "atomic", "atomic_load")), ("atomic", ("load", "store")))
+_BENCH_CALLS = 2       # launches of each config while autotuning (Triton's do_bench: warm-up, then repetitions)
+SCHEDULES = 4          # runs of a case in which programs of a launch met in atomics: grid order, reverse, 2 random
 _ACCESS_WORDS = {"load": "loads", "store": "stores to", "atomic": "updates atomically",
                  "atomic_load": "loads atomically"}
 
@@ -208,15 +210,15 @@ class Visibility:
 
 
 class Programs:
-    """The programs of each interpreted launch, as the harness runs them: in a random order other than the grid's
-    own (a GPU promises no order), recording the bytes each program loads, stores and updates atomically. A launch
-    in which one program stores (or updates atomically) what another accesses without an atomic is a race: its
-    result on a GPU depends on timing. Atomics among themselves are exempt."""
+    """The race recorder of each interpreted launch: the bytes each program loads, stores and updates atomically
+    (Schedule runs the programs and says which one runs). A launch in which one program stores (or updates
+    atomically) what another accesses without an atomic is a race: its result on a GPU depends on timing. Atomics
+    among themselves are exempt."""
 
     def __init__(self):
-        self.rng = random.Random(os.urandom(16))       # never the candidate's RNG, never a seed it could know
         self.dims = self.program = None                # the running launch's grid, and the program that runs
         self.atomic = False                            # inside an atomic operation of the interpreter
+        self.pending, self.touched = {}, {kind: [] for kind in _ACCESS_WORDS}      # start: per launch
         self.storages = (np.zeros(0, np.uint64), np.zeros(0, np.uint64), [])     # bind: (starts, ends, names)
         self.outside = None
         self.visibility = Visibility()
@@ -237,23 +239,12 @@ class Programs:
     def start(self, dims: tuple) -> None:
         self.outside = None                            # the launch's first access outside every storage
         self.visibility = Visibility()
-        n = math.prod(dims)
-        self.dims, self.program, self.order = dims, None, list(range(n))
-        while n > 1 and self.order == sorted(self.order):
-            self.rng.shuffle(self.order)
-        self.pending = {kind: [] for kind in _ACCESS_WORDS}     # byte addresses of the running program
+        self.dims, self.program = dims, None
+        self.pending = {}                              # program -> {kind: [byte addresses]} of unfinished programs
         self.touched = {kind: [] for kind in _ACCESS_WORDS}     # (addresses, program) of the finished ones
 
-    def enter(self, index: tuple) -> tuple:
-        """The program to run at the grid's position `index`: (x, y, z) of the permuted order."""
-        self._flush()
-        _, ny, nz = self.dims
-        self.program = self.order[(index[0] * ny + index[1]) * nz + index[2]]
-        return self._index(self.program)
-
-    def _index(self, program: int) -> tuple:
-        _, ny, nz = self.dims
-        return program // (ny * nz), program // nz % ny, program % nz
+    def index(self, program: int) -> tuple:
+        return _grid_index(program, self.dims)
 
     def record(self, kind: str, ptrs, mask) -> None:
         """The bytes a program accesses through `ptrs` (a TensorHandle of addresses) where `mask` is set."""
@@ -261,11 +252,10 @@ class Programs:
             return
         if self.atomic:
             kind = {"load": "atomic_load", "store": "atomic"}.get(kind, kind)
-        addresses = ptrs.data if mask is None else ptrs.data[np.broadcast_to(mask.data, ptrs.data.shape)]
-        size = max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
-        touched = (addresses.astype(np.uint64).reshape(-1, 1) + np.arange(size, dtype=np.uint64)).ravel()
-        self.pending[kind].append(touched)
+        touched = _bytes(ptrs, mask)
+        self.pending.setdefault(self.program, {k: [] for k in _ACCESS_WORDS})[kind].append(touched)
         if kind == "store" or kind == "load" and self.program in self.visibility.stored:     # plain ones
+            size = max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
             getattr(self.visibility, kind)(self.program, *self.visibility.lanes(ptrs, mask, size))
         starts, ends, _ = self.storages
         at = np.searchsorted(starts, touched, "right") - 1
@@ -273,12 +263,16 @@ class Programs:
         if self.outside is None and outside.any():
             self.outside = (kind, self.program, int(touched[np.argmax(outside)]), int(outside.sum()))
 
+    def done(self, program: int) -> None:
+        """`program` has ended: its bytes join the launch's, its stores are visible to all its lanes."""
+        self.visibility.barrier(program)
+        for kind, parts in self.pending.pop(program, {}).items():
+            if parts:
+                self.touched[kind].append((np.unique(np.concatenate(parts)), program))
+
     def _flush(self) -> None:
-        self.visibility.barrier(self.program)          # the program's end
-        for kind, parts in self.pending.items():
-            if parts and self.program is not None:
-                self.touched[kind].append((np.unique(np.concatenate(parts)), self.program))
-            parts.clear()
+        for program in list(self.pending):
+            self.done(program)
 
     def abandon(self) -> None:
         self.dims = self.program = None
@@ -297,13 +291,13 @@ class Programs:
             near = int(np.argmin([min(abs(int(a) - address), abs(int(e) - 1 - address)) for a, e in
                                   zip(starts, ends)])) if names else None
             found.append(f"out_of_bounds: {kernel}: {names[near] if names else '-'}: program "
-                         f"{self._index(program)} {_ACCESS_WORDS[kind]} {count} bytes outside every tensor "
+                         f"{self.index(program)} {_ACCESS_WORDS[kind]} {count} bytes outside every tensor "
                          f"argument's storage (first at {address - int(starts[near]) if names else address:+d})")
         if self.visibility.clash:
             program, address = self.visibility.clash
             starts, _, names = self.storages
             at = int(np.searchsorted(starts, address, "right")) - 1
-            found.append(f"race: {kernel}: {names[at] if at >= 0 else '-'}: program {self._index(program)} loads "
+            found.append(f"race: {kernel}: {names[at] if at >= 0 else '-'}: program {self.index(program)} loads "
                          f"in one lane what another lane of it stored, with no tl.debug_barrier between (byte "
                          f"{address - int(starts[at]) if at >= 0 else address} of the argument)")
         for kind, others in _CONFLICTS:
@@ -334,8 +328,21 @@ class Programs:
                             0 <= address - t.data_ptr() < t.element_size() * (1 + sum((s - 1) * d for s, d in
                                                                                       zip(t.shape, t.stride())))),
                            ("-", "memory outside the tensor arguments"))
-        return f"{name}: program {self._index(p)} {_ACCESS_WORDS[k]} {where}, which program {self._index(q)} " \
+        return f"{name}: program {self.index(p)} {_ACCESS_WORDS[k]} {where}, which program {self.index(q)} " \
                f"{_ACCESS_WORDS[j]}"
+
+
+def _grid_index(program: int, dims: tuple) -> tuple:
+    """The grid position (x, y, z) of the program numbered `program` in the grid's own order."""
+    _, ny, nz = dims
+    return program // (ny * nz), program // nz % ny, program % nz
+
+
+def _bytes(ptrs, mask) -> np.ndarray:
+    """The byte addresses (uint64) that the element addresses in `ptrs` (a TensorHandle) cover where `mask` is set."""
+    addresses = ptrs.data if mask is None else ptrs.data[np.broadcast_to(mask.data, ptrs.data.shape)]
+    size = max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
+    return (addresses.astype(np.uint64).reshape(-1, 1) + np.arange(size, dtype=np.uint64)).ravel()
 
 
 def _first_clash(mine: tuple, theirs: tuple) -> int | None:
@@ -347,19 +354,16 @@ def _first_clash(mine: tuple, theirs: tuple) -> int | None:
 
 
 def hook_programs(programs: Programs) -> None:
-    """Route the interpreter's grid and memory operations through `programs`: set_grid_dim starts a launch,
-    set_grid_idx picks the permuted program, every load, store and atomic records its bytes, tl.debug_barrier
-    makes the running program's stores visible to all its lanes (Visibility)."""
+    """Route the interpreter's grid and memory operations through `programs`: set_grid_dim starts a launch, every
+    load, store and atomic records its bytes (which program runs: hook_schedule), tl.debug_barrier makes the running
+    program's stores visible to all its lanes (Visibility)."""
     from triton.runtime.interpreter import InterpreterBuilder as B
-    set_dim, set_idx = B.set_grid_dim, B.set_grid_idx
+    set_dim = B.set_grid_dim
     load, store, rmw, cas = B.create_masked_load, B.create_masked_store, B.create_atomic_rmw, B.create_atomic_cas
 
     def set_grid_dim(self, nx, ny, nz):
         programs.start((nx, ny, nz))
         return set_dim(self, nx, ny, nz)
-
-    def set_grid_idx(self, x, y, z):
-        return set_idx(self, *programs.enter((x, y, z)))
 
     def masked_load(self, ptrs, mask, *rest, **options):    # tensor descriptors pass options by keyword
         programs.record("load", ptrs, mask)
@@ -386,8 +390,7 @@ def hook_programs(programs: Programs) -> None:
                 programs.atomic = False
         return run
 
-    B.set_grid_dim, B.set_grid_idx, B.create_masked_load, B.create_masked_store = \
-        set_grid_dim, set_grid_idx, masked_load, masked_store
+    B.set_grid_dim, B.create_masked_load, B.create_masked_store = set_grid_dim, masked_load, masked_store
     B.create_atomic_rmw, B.create_atomic_cas = atomic_rmw, atomic_cas
     B.create_barrier = lambda self: programs.visibility.barrier(programs.program)     # tl.debug_barrier
     for name in ("create_atomic_load", "create_atomic_store", "create_atomic_poll"):
@@ -512,14 +515,128 @@ def hook_semantics() -> None:
     interpreter.FunctionRewriter.ast_transformer = gpu_transformer()
 
 
-class Interpreted:
-    """What the harness adds to interpreted launches (CPU): the sm_90 compile and the permuted, race-checked grid."""
+def hook_schedule(programs: Programs, schedule) -> None:
+    """Run each interpreted launch's programs under `schedule`: the interpreter's loop over the grid defers to it
+    (GridExecutor.__call__ hands it the executor, set_grid_dim the launch), every atomic operation goes through
+    Schedule.atomic, and tl.atomic_poll polls with atomic loads (the interpreter's own busy loop would spin
+    forever inside one program)."""
+    from triton.runtime.interpreter import GridExecutor, InterpreterBuilder as B, TensorHandle, _get_np_dtype, \
+        _interpreter
+    call, set_dim, set_idx = GridExecutor.__call__, B.set_grid_dim, B.set_grid_idx
 
+    def grid_call(self, *args, **kwargs):
+        schedule.executor, fn = self, self.fn
+        try:
+            return call(self, *args, **kwargs)
+        finally:
+            schedule.executor, self.fn = None, fn
+
+    def set_grid_dim(self, nx, ny, nz):
+        out = set_dim(self, nx, ny, nz)
+        schedule.start(nx * ny * nz, lambda p: (setattr(programs, "program", p),
+                                                set_idx(self, *_grid_index(p, (nx, ny, nz)))), programs.done)
+        return out
+
+    def scheduled(method, where):      # where(args) -> (pointers, mask) of the atomic
+        def run(self, *args):
+            ptrs, mask = where(args)
+            mask = TensorHandle(np.ones(ptrs.data.shape, np.bool_), tl.int1) if mask is None else mask
+            dtype = _get_np_dtype(ptrs.get_element_ty())
+            return schedule.atomic(lambda: method(self, *args), lambda: _interpreter.load(
+                ptrs.data, mask.data, np.zeros(ptrs.data.shape, dtype), dtype).tobytes(), _bytes(ptrs, mask))
+        return run
+
+    def atomic_poll(self, ptr, expected, timeout_ns, sem, scope):
+        mask, tries = TensorHandle(np.ones(ptr.data.shape, np.bool_), tl.int1), 0
+        while True:       # unchanged reads block the program until another changes the flag (Schedule.atomic)
+            matched = self.create_atomic_load(ptr, mask, sem, scope).data == expected.data
+            tries += 1
+            if matched.all() or isinstance(timeout_ns, TensorHandle) and tries > 1:    # no timeout: an ir.value()
+                return TensorHandle(matched, tl.int1)
+
+    GridExecutor.__call__, B.set_grid_dim = grid_call, set_grid_dim
+    for name, where in (("create_atomic_rmw", lambda a: (a[1], a[3])), ("create_atomic_cas", lambda a: (a[0], None)),
+                        ("create_atomic_load", lambda a: (a[0], a[1])),
+                        ("create_atomic_store", lambda a: (a[0], a[2]))):
+        setattr(B, name, scheduled(getattr(B, name), where))
+    B.create_atomic_poll = atomic_poll
+
+
+def hook_autotune(interpreted) -> None:
+    """The autotuner as on a GPU (the interpreter has no benchmarker): benchmarking launches every config that
+    survives Triton's own pruning on the real arguments, _BENCH_CALLS times each through the checked launch path
+    (sm_90 compile, bounds, race, the run's schedule), with the pre-hooks Triton runs around them (reset_to_zero,
+    restore_value), so a kernel that accumulates into its output without reset_to_zero is wrong as on a GPU. Runs
+    go in pairs (want_runs(2n) for n benchmarked configs): run 2j tunes afresh and takes config j % n, run 2j + 1
+    keeps that choice and launches it alone, as every call after the first does on a GPU (the benchmarking
+    launches of run 2j may have written the output already). So every config's output is compared with the
+    reference, from its first call and from a later one. A single config is not benchmarked (as Triton)."""
+    from triton.runtime.autotuner import Autotuner
+    run, prune = Autotuner.run, Autotuner.prune_configs
+
+    def tuned_run(self, *args, **kwargs):
+        if getattr(self, "tuned_in", None) != interpreted.serial and interpreted.run_index % 2 == 0:
+            self.cache.clear()                       # a new run that tunes
+            self.tuned_in = interpreted.serial
+        return run(self, *args, **kwargs)
+
+    def prune_configs(self, kwargs):
+        configs = prune(self, kwargs)
+        self.benched = [len(configs), 0]          # configs, benchmarked so far
+        interpreted.want_runs(2 * len(configs))
+        return configs
+
+    def bench(self):
+        def do_bench(kernel_call, quantiles):
+            for _ in range(_BENCH_CALLS):
+                kernel_call()
+            n, i = self.benched
+            self.benched[1] += 1
+            return [0.0 if i == interpreted.run_index // 2 % n else 1.0] * len(quantiles)
+        return do_bench
+
+    Autotuner.run, Autotuner.prune_configs, Autotuner.do_bench = tuned_run, prune_configs, property(bench)
+
+
+MAX_RUNS = 16          # runs of one case at most (the parent's _MAX_RUNS)
+
+
+class Interpreted:
+    """What the harness adds to interpreted launches (CPU): the sm_90 compile and the race-checked grid. A case
+    runs once, then again with run_index 1, 2, ... (a fresh model, the same inputs) until `runs`: a launch raises
+    `runs` with want_runs where one run cannot show what a GPU may do (programs that meet in atomics, autotune
+    configs); the parent compares every run with the reference. The harness sets run_index before every run."""
     def __init__(self, text: str, load):
-        self.compiler, self.programs = GpuCompiler(text, load), Programs()
+        from triton_schedule import Deadlock, Schedule      # shipped beside this file
+        self.compiler, self.programs, self.schedule = GpuCompiler(text, load), Programs(), Schedule()
+        self.Deadlock = Deadlock
+        self.runs, self.serial = 1, 0           # serial: counts runs (of every case)
+
+    @property
+    def run_index(self) -> int:
+        """Which run of the case runs now (0 first; the harness sets it): picks the schedule."""
+        return self.schedule.run_index
+
+    @run_index.setter
+    def run_index(self, value: int) -> None:
+        self.schedule.run_index, self.serial = value, self.serial + 1
+
+    def want_runs(self, n: int) -> None:
+        """The case that runs now needs n runs in all (at most MAX_RUNS)."""
+        self.runs = max(self.runs, min(n, MAX_RUNS))
+
+    def finish(self, kernel: str, arguments: dict, deadlock: BaseException | None = None) -> list:
+        """The violations of the launch that just ran (or deadlocked); a launch whose programs met in atomics asks
+        for SCHEDULES runs of its case."""
+        found = self.programs.finish(kernel, arguments)
+        if len(self.schedule.atomics) > 1:
+            self.want_runs(SCHEDULES)
+        return found + ([f"deadlock: {kernel}: {deadlock} (run {self.run_index})"] if deadlock else [])
 
     def hook(self) -> None:
         hook_programs(self.programs)
+        hook_schedule(self.programs, self.schedule)
+        hook_autotune(self)
         hook_numerics()
         hook_semantics()
 

@@ -9,13 +9,16 @@ reference role: reads reference.py, writes ref.pt = {"cases": [case], "ms": floa
 candidate role: stdin = torch.save({"cases": [{"init_seed", "init_inputs", "state"}], "inputs": [uint8 tensor:
     torch.save(inputs of that case)]}), read and closed before candidate.py runs; writes result.bin, a
     safetensors file: tensors "out.<case>.<i>" (outputs) and "after.<case>.<i>" (tensor inputs after the
-    call), metadata {"meta": JSON {"error": reason | null, "detail": str, "phase": "import" | "init" |
-    "forward" | null (where the error happened; "import": before any input existed), "n_out": [int],
-    "launches": [int], "violations": [str], "ms": float | null}}, then ends with os._exit (no atexit hook or
+    call) of each case's run 0, "out.<case>.<i>.<run>" and "after.<case>.<i>.<run>" of its further runs,
+    metadata {"meta": JSON {"error": reason | null, "detail": str, "phase": "import" | "init" | "forward" |
+    null (where the error happened; "import": before any input existed), "n_out": [int], "launches": [int],
+    "runs": [int], "violations": [str], "ms": float | null}}, then ends with os._exit (no atexit hook or
     finalizer runs).
 Per case, in this order: torch.manual_seed(init_seed) (the reference's init seed, never its input seed),
 ModelNew(*init_inputs), the reference state_dict loaded when names and shapes match, then the inputs are
-decoded (they did not exist in this process before), the RNG reseeded from os.urandom, one forward.
+decoded (they did not exist in this process before), the RNG reseeded from os.urandom, one forward. On CPU a
+case runs again, from a fresh model on the same inputs, as often as its launches asked (Interpreted.want_runs:
+other schedules of programs that use atomics, each autotune config): "runs" per case, each run's outputs.
 Audit, over the module body, __init__ and forward alike: the process may start no thread or process once the
 candidate runs (on CPU RLIMIT_NPROC 0 and the OS thread count is checked; on CUDA, where the driver starts
 threads and Triton runs ptxas, only Python threads are checked); Tensor.numpy / tolist / __array__ /
@@ -26,10 +29,10 @@ beyond what the interpreter needs inside them (a kernel body's torch calls). At 
 refuses (a violation "launch: ...", and the kernel does not run) pre-run hooks and any argument that is not a
 tensor, a scalar (int, float, bool, str, None), a Triton dtype or constexpr, or a tuple of those, and tensors
 for tl.constexpr parameters: so no torch object reaches a kernel body. Grid and heuristics callables run in a
-host window where any aten op or bridge is a violation. On CPU the autotuner, which has no benchmarker under
-the interpreter, takes the first config. On CUDA the timed calls (3 warm-up + 20) run under the same audit and
-launch count as the checked call. On CUDA Triton's allocator is torch's (tl.make_tensor_descriptor needs global
-scratch at launch; the accepted language cannot set one).
+host window where any aten op or bridge is a violation. On CPU the autotuner launches every config while it
+benchmarks, and the runs of a case take each config in turn (triton_gpu.hook_autotune). On CUDA the timed calls
+(3 warm-up + 20) run under the same audit and launch count as the checked call. On CUDA Triton's allocator is
+torch's (tl.make_tensor_descriptor needs global scratch at launch; the accepted language cannot set one).
 At every interpreted launch (CPU) the GPU's own semantics are put back: rewards/triton_gpu.py. On CPU every
 torch.empty* of the candidate's process outside kernel launches is also filled with garbage (NaN, random integers:
 _fill_garbage), as a GPU's reused allocator block would be, where CPU gives zero pages.
@@ -155,9 +158,9 @@ def _hook_launches(audit: _Audit, interpreted) -> None:
     """Count real kernel launches (jit on GPU, interpreter on CPU; autotuners end in one of these), refuse the
     ones _refused_launch names, mark the time inside them, and run grid and heuristics callables in the host
     window. Interpreted launches (CPU) also compile for sm_90 first (refused when that fails) and run their
-    programs in a permuted order with the race check; the autotuner takes its first config there (the
-    interpreter has no benchmarker)."""
-    from triton.runtime.autotuner import Autotuner, Heuristics
+    programs overlapping under the case's schedule with the race check (triton_gpu.Interpreted; a deadlock is a
+    violation and the launch returns) and the autotuner benchmarks as on a GPU (triton_gpu.hook_autotune)."""
+    from triton.runtime.autotuner import Heuristics
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
@@ -182,9 +185,11 @@ def _hook_launches(audit: _Audit, interpreted) -> None:
                 out = run(self, *args, grid=(lambda meta: audit.in_host(grid, meta)) if callable(grid) else grid,
                           warmup=warmup, **kwargs)
                 if checked:
-                    audit.violations.update(v[:_VIOLATION_CHARS] for v in checked.programs.finish(
-                        self.fn.__name__, arguments))
+                    audit.violations.update(v[:_VIOLATION_CHARS] for v in checked.finish(self.fn.__name__, arguments))
                 return out
+            except checked.Deadlock if checked else () as e:     # it never ends on a GPU: a violation, forward goes on
+                audit.violations.update(v[:_VIOLATION_CHARS] for v in checked.finish(self.fn.__name__, arguments, e))
+                return None
             finally:
                 audit.depth -= 1
                 if checked:
@@ -200,7 +205,6 @@ def _hook_launches(audit: _Audit, interpreted) -> None:
     wrap(InterpretedFunction, interpreted)
     Heuristics.run = heuristics_run
     if interpreted:
-        Autotuner.do_bench = property(lambda self: self._do_bench or (lambda call, quantiles: [0.0, 0.0, 0.0]))
         interpreted.hook()
 
 
@@ -294,8 +298,9 @@ class _Candidate:
         self.job, self.data = job, data
         self.audit = _Audit()
         self.tensors = {}
-        self.meta = {"error": None, "detail": "", "phase": None, "n_out": [], "launches": [], "violations": [],
-                     "ms": None}
+        self.meta = {"error": None, "detail": "", "phase": None, "n_out": [], "launches": [], "runs": [],
+                     "violations": [], "ms": None}
+        self.interpreted = None          # triton_gpu.Interpreted on CPU
 
     def run(self) -> None:
         with open(_CANDIDATE, encoding="utf-8") as f:
@@ -304,10 +309,11 @@ class _Candidate:
         if cpu:
             from triton_gpu import Interpreted     # shipped beside this file (the GPU's semantics, CPU only)
             self.audit.garbage = torch.Generator().manual_seed(int.from_bytes(os.urandom(7), "little"))
+            self.interpreted = Interpreted(text, self.load)     # forks the compiler
         else:    # tl.make_tensor_descriptor needs global scratch at launch, which the accepted language can't give
             import triton
             triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
-        _hook_launches(self.audit, Interpreted(text, self.load) if cpu else None)    # forks the compiler (CPU)
+        _hook_launches(self.audit, self.interpreted)
         _guard_bridges(self.audit)
         threads = _threads()
         if cpu:     # no new thread or process from here on (on CUDA, the driver and ptxas need them)
@@ -345,6 +351,21 @@ class _Candidate:
         return module
 
     def _case(self, module, k: int, case: dict):
+        """Case k: one run, then (CPU) as many more as the interpreted launches wanted (Interpreted.want_runs: other
+        schedules of the programs, other autotune configs), each from a fresh model on the same inputs. Returns
+        run 0's time (CUDA)."""
+        interpreted, runs = self.interpreted, 1
+        if interpreted:
+            interpreted.run_index, interpreted.runs = 0, 1
+        ms = self._run(module, k, case, 0)
+        while interpreted and runs < interpreted.runs:
+            interpreted.run_index = runs
+            self._run(module, k, case, runs)
+            runs += 1
+        self.meta["runs"].append(runs)
+        return ms
+
+    def _run(self, module, k: int, case: dict, run: int):
         device = self.job["device"]
         torch.manual_seed(case["init_seed"])
         model = self._phase("init", lambda: module.ModelNew(*case["init_inputs"]))
@@ -358,14 +379,18 @@ class _Candidate:
         with torch.no_grad():     # the timed calls too: each must launch and none may compute in torch
             outs = _outputs(self._phase("forward", lambda: model(*args)))
             ms = self._phase("forward", lambda: _time_ms(lambda: model(*args))) if self.job["time"] else None
-        calls = 1 + (_TIME_WARMUP + _TIME_ITERS if self.job["time"] else 0)
-        self.meta["launches"].append((self.audit.launches - before) // calls)     # per call, rounded down
-        self.meta["n_out"].append(len(outs))
+        suffix = f".{run}" if run else ""       # run 0's names, then each further run's
+        if run == 0:
+            calls = 1 + (_TIME_WARMUP + _TIME_ITERS if self.job["time"] else 0)
+            self.meta["launches"].append((self.audit.launches - before) // calls)     # per call, rounded down
+            self.meta["n_out"].append(len(outs))
+        elif len(outs) != self.meta["n_out"][k]:
+            raise RuntimeError(f"forward returned {len(outs)} outputs in run {run}, {self.meta['n_out'][k]} in run 0")
         for i, o in enumerate(outs):
-            self.tensors[f"out.{k}.{i}"] = o
+            self.tensors[f"out.{k}.{i}{suffix}"] = o
         for i, a in enumerate(_to("cpu", args)):
             if isinstance(a, torch.Tensor):
-                self.tensors[f"after.{k}.{i}"] = a.contiguous()
+                self.tensors[f"after.{k}.{i}{suffix}"] = a.contiguous()
         return ms
 
 

@@ -15,7 +15,8 @@ AutoTriton (SFT then GRPO): reward = is_triton(code) AND passes tests. `lint` de
 the reference (once per task, cached) and the candidate in two sandboxes (rewards/triton_harness.py), on inputs
 from seeds drawn per process and never shown to the candidate, and compares here (torch.allclose, atol = rtol =
 1e-4 fp32, 1e-2 fp16/bf16, exact for integers) after validating every field of the result file against the
-reference. On CPU the kernels run under TRITON_INTERPRET=1; on CUDA on the GPU, with the speedup.
+reference. On CPU the kernels run under TRITON_INTERPRET=1, a case as many times as its launches ask (program
+schedules, autotune configs: every run must match); on CUDA on the GPU, with the speedup.
 
 The accepted language is described rule by rule in rewards/triton_language.py; rewards/triton_lint.py
 checks it.
@@ -28,7 +29,8 @@ Reason codes, in the order they are checked:
   sm_90 with that launch's types and constexprs, or its grid is over CUDA's limits), out_of_bounds (at run time:
   a load, store or atomic outside the storage of every tensor argument of its launch), race (at run time: one
   program of a launch stores, or updates atomically, what another accesses without an atomic; for both, what a
-  tool may show names the kernel and the argument only); no_sandbox (no
+  tool may show names the kernel and the argument only), deadlock (at run time: under some schedule every program
+  of a launch still running waits in an atomic that no program will change; a GPU hangs); no_sandbox (no
   bwrap and no opt-out: rewards/sandbox.py); reference_error (the task's own code failed), sandbox_error; timeout,
   oom (the sandbox's memory cgroup), crash (killed by a signal, exited non-zero or wrote a malformed result),
   early_exit (exited before writing a result, or SystemExit); compile_error (module import or Triton compilation
@@ -57,6 +59,7 @@ SEEDS = tuple((secrets.randbits(31), secrets.randbits(31)) for _ in range(3))
 REFERENCE_TIMEOUT_S = 120      # the task's own code: trusted to finish, run once per task and process
 _HARNESS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "triton_harness.py")
 _GPU_PATH = os.path.join(os.path.dirname(_HARNESS_PATH), "triton_gpu.py")      # the harness imports it
+_SCHEDULE_PATH = os.path.join(os.path.dirname(_HARNESS_PATH), "triton_schedule.py")    # triton_gpu imports it
 _SCRIPT = "import triton_harness; triton_harness.main()"
 _REF_CACHE_SIZE = 256
 _ref_cache: "OrderedDict[tuple, dict]" = OrderedDict()   # (reference_code, device) -> parsed ref.pt
@@ -74,7 +77,8 @@ def _sandbox(files: dict, job: dict, timeout_s: float, out: str, stdin: bytes = 
     """Run the harness for `job` with `files` in its scratch dir, files it writes (and `out` read back here) at
     most fsize_mb MiB. Returns (SandboxResult, bytes of `out` or None)."""
     shipped = {}
-    for name, path in (("triton_harness.py", _HARNESS_PATH), ("triton_gpu.py", _GPU_PATH)):
+    for name, path in (("triton_harness.py", _HARNESS_PATH), ("triton_gpu.py", _GPU_PATH),
+                       ("triton_schedule.py", _SCHEDULE_PATH)):
         with open(path) as f:
             shipped[name] = f.read()
     device = job["device"]
@@ -124,13 +128,14 @@ def _as_bytes_tensor(value):
 
 
 _HARNESS_ERRORS = frozenset({"compile_error", "oom", "runtime_error", "early_exit"})
-_META_KEYS = frozenset({"error", "detail", "phase", "n_out", "launches", "violations", "ms"})
+_META_KEYS = frozenset({"error", "detail", "phase", "n_out", "launches", "runs", "violations", "ms"})
+_MAX_RUNS = 16                 # runs of one case (triton_gpu.MAX_RUNS: schedules, autotune configs)
 _PHASES = ("import", "init", "forward")     # where the harness's error happened (or null); "import": no input existed
 # a run-time violation's reason by its prefix (lint_torch_op without one: aten ops, bridges, threads), and the order
-# in which the reasons win: a refused launch, host compute, a kernel the GPU compiler refuses, a race
+# in which the reasons win: a refused launch, host compute, a kernel the GPU compiler refuses, a race, a deadlock
 _VIOLATION_PREFIXES = {"launch:": "lint_launch", "gpu_compile:": "gpu_compile", "out_of_bounds:": "out_of_bounds",
-                       "race:": "race"}
-_VIOLATION_ORDER = ("lint_launch", "lint_torch_op", "gpu_compile", "out_of_bounds", "race")
+                       "race:": "race", "deadlock:": "deadlock"}
+_VIOLATION_ORDER = ("lint_launch", "lint_torch_op", "gpu_compile", "out_of_bounds", "race", "deadlock")
 # what of a race or bounds violation a tool may show: the kernel and the argument (names from the candidate's own
 # text); the rest (programs, elements, offsets) can be computed from hidden input values and stays in detail
 _NAMED_VIOLATION = re.compile(r"(race|out_of_bounds): (\w{1,64}|-): (\w{1,64}|-):")
@@ -152,9 +157,10 @@ def _int_list(value, n: int, name: str, top: int = 1 << 31) -> list:
 
 
 def _result_mb(cases: list) -> int:
-    """MiB the candidate may write: the result file of tensors shaped as the reference's, with its header."""
-    size = _MAX_HEADER + sum(t.numel() * t.element_size() for c in cases for t in [*c["outputs"], *c["inputs"]]
-                             if _is_tensor(t))
+    """MiB the candidate may write: the result file of tensors shaped as the reference's, each case run up to
+    _MAX_RUNS times, with its header."""
+    size = _MAX_HEADER + _MAX_RUNS * sum(t.numel() * t.element_size() for c in cases
+                                         for t in [*c["outputs"], *c["inputs"]] if _is_tensor(t))
     return max(_MIN_RESULT_MB, -(-size // (1 << 20)) + 1)
 
 
@@ -184,10 +190,10 @@ def _check_layout(header: dict, names: set, data_size: int) -> None:
 
 def _parse_result(blob: bytes, cases: list) -> dict:
     """The candidate's result.bin, validated field by field (type, allowed values, size) and with exactly the
-    tensors the cases call for: {"error", "detail", "launches", "violations", "ms", "outputs": [[tensor]],
-    "after": [{input index: tensor}]}. Raises Malformed. Every count and byte range is checked against the
-    reference and the file's length before anything is built from it, so a forged file costs at most a few
-    times its own (capped) size here. Nothing is unpickled and nothing is str()-ed."""
+    tensors the cases call for: {"error", "detail", "launches", "violations", "ms", "outputs": [[[tensor]]],
+    "after": [[{input index: tensor}]]} (per case, per run). Raises Malformed. Every count and byte range is
+    checked against the reference and the file's length before anything is built from it, so a forged file costs at
+    most a few times its own (capped) size here. Nothing is unpickled and nothing is str()-ed."""
     from safetensors.torch import load as load_tensors
     size = int.from_bytes(blob[:8], "little") if len(blob) >= 8 else -1
     if not 0 < size <= min(_MAX_HEADER, len(blob) - 8):
@@ -208,23 +214,28 @@ def _parse_result(blob: bytes, cases: list) -> dict:
     n = len(cases)
     n_out = _int_list(meta["n_out"], n, "n_out", _MAX_OUTPUTS + 1)
     launches = _int_list(meta["launches"], n, "launches")
+    runs = _int_list(meta["runs"], n, "runs", _MAX_RUNS + 1)
+    if 0 in runs:
+        raise Malformed("runs")
     violations, ms = meta["violations"], meta["ms"]
     if not (type(violations) is list and len(violations) <= 256 and
             all(type(v) is str and len(v) <= 300 for v in violations)):
         raise Malformed("violations")
     if not (ms is None or type(ms) is float and math.isfinite(ms) and 0 < ms < 1e7):
         raise Malformed("ms")
-    _check_layout(header, {f"out.{k}.{i}" for k in range(n) for i in range(n_out[k])} |
-                  {f"after.{k}.{i}" for k, c in enumerate(cases) for i, x in enumerate(c["inputs"]) if _is_tensor(x)},
-                  len(blob) - 8 - size)
+    suffixes = [[f".{r}" if r else "" for r in range(runs[k])] for k in range(n)]
+    _check_layout(header, {f"out.{k}.{i}{s}" for k in range(n) for s in suffixes[k] for i in range(n_out[k])} |
+                  {f"after.{k}.{i}{s}" for k, c in enumerate(cases) for s in suffixes[k]
+                   for i, x in enumerate(c["inputs"]) if _is_tensor(x)}, len(blob) - 8 - size)
     try:
         tensors = load_tensors(blob)
     except Exception as e:      # the library's own checks of offsets, dtypes and sizes
         raise Malformed(f"tensors: {type(e).__name__}") from None
     return {"error": None, "detail": "", "launches": launches, "violations": violations, "ms": ms,
-            "outputs": [[tensors[f"out.{k}.{i}"] for i in range(n_out[k])] for k in range(n)],
-            "after": [{i: tensors[f"after.{k}.{i}"] for i, x in enumerate(c["inputs"]) if _is_tensor(x)}
-                      for k, c in enumerate(cases)]}
+            "outputs": [[[tensors[f"out.{k}.{i}{s}"] for i in range(n_out[k])] for s in suffixes[k]]
+                        for k in range(n)],
+            "after": [[{i: tensors[f"after.{k}.{i}{s}"] for i, x in enumerate(c["inputs"]) if _is_tensor(x)}
+                       for s in suffixes[k]] for k, c in enumerate(cases)]}
 
 
 def _is_tensor(x) -> bool:
@@ -235,8 +246,7 @@ def _is_tensor(x) -> bool:
 def _compare(cases: list, result: dict) -> tuple:
     """(reason, detail, public, max_abs_err) for a validated result against the reference cases. public: the
     part of detail that holds no value computed from hidden inputs (the harness's own messages, shapes, dtypes;
-    a candidate's exception only from before its inputs existed)."""
-    import torch
+    a candidate's exception only from before its inputs existed). Every run of every case must match."""
     if result["error"]:
         return result["error"], result["detail"], result["detail"] if result["phase"] == "import" else "", None
     if result["violations"]:
@@ -252,27 +262,41 @@ def _compare(cases: list, result: dict) -> tuple:
         detail = "runtime: a forward call launched no Triton kernel"
         return "lint_kernel_not_launched", detail, detail, None
     max_err = 0.0
-    for k, (case, outs, after) in enumerate(zip(cases, result["outputs"], result["after"], strict=True)):
-        for i, y in after.items():
-            x = case["inputs"][i]
-            if not (y.shape == x.shape and y.dtype == x.dtype and torch.equal(x, y)):
-                return "input_mutated", *[f"case {k}: input {i} changed by forward"] * 2, None
-        if len(outs) != len(case["outputs"]):
-            return "wrong_output", *[f"{len(outs)} outputs, expected {len(case['outputs'])}"] * 2, None
-        for o, r in zip(outs, case["outputs"]):
-            if o.shape != r.shape or o.dtype != r.dtype:
-                return "wrong_output", *[f"case {k}: got {o.dtype} {tuple(o.shape)}, expected {r.dtype} "
-                                         f"{tuple(r.shape)}"] * 2, None
-            if not r.is_floating_point():
-                if not torch.equal(o, r):
-                    return "wrong_output", *[f"case {k}: integer output differs"] * 2, None
-                continue
-            err = (o.double() - r.double()).abs().nan_to_num(float("inf")).max().item() if r.numel() else 0.0
+    for k, (case, runs, afters) in enumerate(zip(cases, result["outputs"], result["after"], strict=True)):
+        for r, (outs, after) in enumerate(zip(runs, afters, strict=True)):
+            where = f"case {k}" + (f", run {r} of {len(runs)}" if len(runs) > 1 else "")
+            reason, detail, public, err = _compare_run(case, outs, after, where)
+            if reason != "ok":
+                return reason, detail, public, err if err is None else max(max_err, err)
             max_err = max(max_err, err)
-            tol = _TOLERANCE.get(str(r.dtype).removeprefix("torch."), 1e-4)
-            if not torch.allclose(o, r, atol=tol, rtol=tol, equal_nan=True):
-                return "wrong_output", f"case {k}: max abs err {err:.3g} (atol=rtol={tol})", \
-                    f"case {k}: values differ (atol=rtol={tol})", max_err
+    return "ok", "", "", max_err
+
+
+def _compare_run(case: dict, outs: list, after: dict, where: str) -> tuple:
+    """(reason, detail, public, max_abs_err) of one run of a case (its outputs, its tensor inputs after the call)
+    against the reference case; `where` names the case and run in the messages."""
+    import torch
+    max_err = 0.0
+    for i, y in after.items():
+        x = case["inputs"][i]
+        if not (y.shape == x.shape and y.dtype == x.dtype and torch.equal(x, y)):
+            return "input_mutated", *[f"{where}: input {i} changed by forward"] * 2, None
+    if len(outs) != len(case["outputs"]):
+        return "wrong_output", *[f"{where}: {len(outs)} outputs, expected {len(case['outputs'])}"] * 2, None
+    for o, r in zip(outs, case["outputs"]):
+        if o.shape != r.shape or o.dtype != r.dtype:
+            return "wrong_output", *[f"{where}: got {o.dtype} {tuple(o.shape)}, expected {r.dtype} "
+                                     f"{tuple(r.shape)}"] * 2, None
+        if not r.is_floating_point():
+            if not torch.equal(o, r):
+                return "wrong_output", *[f"{where}: integer output differs"] * 2, None
+            continue
+        err = (o.double() - r.double()).abs().nan_to_num(float("inf")).max().item() if r.numel() else 0.0
+        max_err = max(max_err, err)
+        tol = _TOLERANCE.get(str(r.dtype).removeprefix("torch."), 1e-4)
+        if not torch.allclose(o, r, atol=tol, rtol=tol, equal_nan=True):
+            return "wrong_output", f"{where}: max abs err {err:.3g} (atol=rtol={tol})", \
+                f"{where}: values differ (atol=rtol={tol})", max_err
     return "ok", "", "", max_err
 
 

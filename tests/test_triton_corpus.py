@@ -163,8 +163,8 @@ def _cases(n_cases: int = 3) -> list:
 
 def _blob(meta: dict, tensors: dict = None) -> bytes:
     from safetensors.torch import save
-    full = {"error": None, "detail": "", "phase": None, "n_out": [1] * 3, "launches": [1] * 3, "violations": [],
-            "ms": None, **meta}
+    full = {"error": None, "detail": "", "phase": None, "n_out": [1] * 3, "launches": [1] * 3, "runs": [1] * 3,
+            "violations": [], "ms": None, **meta}
     return save(tensors or {}, metadata={"meta": json.dumps(full)})
 
 
@@ -188,7 +188,7 @@ def test_forged_result_parses_in_small_memory():
             _parse_result(blob, _cases())
     good = {f"{p}.{k}.0": torch.full((8, 100), float(k)) for p in ("out", "after") for k in range(3)}
     parsed = _parse_result(_blob({}, good), _cases())
-    assert [o[0][0, 0].item() for o in parsed["outputs"]] == [0.0, 1.0, 2.0]
+    assert [o[0][0][0, 0].item() for o in parsed["outputs"]] == [0.0, 1.0, 2.0]
 
 
 def test_harness_refuses_kernel_arguments_a_body_could_compute_with():

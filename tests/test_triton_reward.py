@@ -374,8 +374,8 @@ FORGE = """
 import json, os
 from safetensors.torch import save
 SEEN = []
-META = {"error": "runtime_error", "detail": "", "phase": None, "n_out": [], "launches": [], "violations": [],
-        "ms": None}
+META = {"error": "runtime_error", "detail": "", "phase": None, "n_out": [], "launches": [], "runs": [1, 1, 1],
+        "violations": [], "ms": None}
 
 
 def forge(meta, tensors={}):

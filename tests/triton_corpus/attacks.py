@@ -136,8 +136,8 @@ FORGE = '''
 import json
 import os
 from safetensors.torch import save
-META = {"error": None, "detail": "", "phase": None, "n_out": [1, 1, 1], "launches": [1, 1, 1], "violations": [],
-        "ms": None}
+META = {"error": None, "detail": "", "phase": None, "n_out": [1, 1, 1], "launches": [1, 1, 1], "runs": [1, 1, 1],
+        "violations": [], "ms": None}
 
 
 def forge(meta, tensors={}, pad=0, header=None):
