@@ -17,6 +17,7 @@ median sandbox wall and candidate-run time of each variant over --reps, and each
 seconds; with --base the JSON line also has the after / before ratio of the medians. Every run must score ok.
 """
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -71,15 +72,16 @@ NO_RACE = "\nimport triton_gpu\ntriton_gpu.hook_programs = lambda programs: None
 VARIANTS = {"shipped": "", "no_compile": NO_COMPILE, "no_race": NO_RACE, "neither": NO_COMPILE + NO_RACE}
 
 
-def run_once(paths: tuple, task: dict, ref: dict) -> tuple:
-    """(sandbox wall s, {run, compile, race} s) of one candidate run with the harness and triton_gpu.py at paths."""
+def run_once(paths: tuple, task: dict, ref: dict, parent=triton_kernel) -> tuple:
+    """(sandbox wall s, {run, compile, race} s) of one candidate run with the harness and triton_gpu.py at paths;
+    parent: the triton_kernel module whose result format that harness writes (the base checkout's for "before")."""
     triton_kernel._HARNESS_PATH, triton_kernel._GPU_PATH = paths
     t0 = time.perf_counter()
     res, blob = triton_kernel._sandbox({"candidate.py": task["solution"]}, {"role": "candidate", "device": "cpu",
                                        "time": False}, 120, "result.bin", stdin=ref["stdin"],
                                        fsize_mb=triton_kernel._result_mb(ref["cases"]))
     wall = time.perf_counter() - t0
-    reason = triton_kernel._compare(ref["cases"], triton_kernel._parse_result(blob, ref["cases"]))[0]
+    reason = parent._compare(ref["cases"], parent._parse_result(blob, ref["cases"]))[0]
     assert reason == "ok", (task["name"], paths, reason, res.stderr[-500:])
     spent = json.loads(next(line for line in reversed(res.stderr.splitlines()) if line.startswith("SPENT "))[6:])
     return wall, spent
@@ -94,8 +96,12 @@ def main() -> None:
     shipped = triton_kernel._HARNESS_PATH, triton_kernel._GPU_PATH
     tasks = {t["name"]: t for t in load_tasks()}
     names = args.tasks or list(tasks)
+    parents = {}
     if args.base:
         base = os.path.join(args.base, "rewards")
+        spec = importlib.util.spec_from_file_location("base_triton_kernel", os.path.join(base, "triton_kernel.py"))
+        parents["before"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(parents["before"])
         sources = {"before": (os.path.join(base, "triton_harness.py"), "", os.path.join(base, "triton_gpu.py")),
                    "after": (shipped[0], "", shipped[1])}
     else:
@@ -114,7 +120,7 @@ def main() -> None:
             runs = {v: [] for v in sources}
             for _ in range(args.reps):
                 for v in sources:
-                    runs[v].append(run_once(paths[v], tasks[name], ref))
+                    runs[v].append(run_once(paths[v], tasks[name], ref, parents.get(v, triton_kernel)))
             row = {"task": name}
             for v, r in runs.items():
                 row.update({f"{v}_wall_s": statistics.median(w for w, _ in r),
