@@ -58,12 +58,17 @@ PRODUCT = ("trainer.py", "config.py", "launch.py", "session.py", "report.py", "m
 def code_names() -> set[str]:
     """Every name the product code uses (identifiers, attributes, arguments, keywords) or writes in a string: metric
     keys, reasons, task names, row fields, vLLM's and the model's argument names. Docs name these too. Attributes
-    of a config (`cfg.x`, `cfg.tools.x`) are left out: those are config keys, and a key renamed in the dataclass
-    alone must not pass for a name the code uses."""
+    of a config (`cfg.x`, `cfg.tools.x`) and the values of config.OTHER_NAMES (ours for TRL's and verl's names) are
+    left out: those are config keys, and a key renamed in the dataclass alone must not pass for a name the code uses."""
     out = set()
     for part in PRODUCT:
         for path in [ROOT / part] if part.endswith(".py") else sorted((ROOT / part).rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text())):
+            tree = ast.parse(path.read_text())
+            ours = {id(v) for a in ast.walk(tree) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Dict) and
+                    any(getattr(t, "id", None) == "OTHER_NAMES" for t in a.targets) for v in a.value.values}
+            for node in ast.walk(tree):
+                if id(node) in ours:
+                    continue
                 if isinstance(node, ast.Constant) and isinstance(node.value, str):
                     out.update(re.findall(r"\w+", node.value))
                 elif isinstance(node, ast.Attribute) and re.search(r"\bcfg(\.\w+)?$", ast.unparse(node.value)):
