@@ -11,7 +11,8 @@ rollout and update phases); "busy" runs start `--busy` processes running `while 
 session, like jobs started from the same shell; --busy_session own: each in a session of its own) and stop them
 after. bench_step.py's one-process run re-runs itself in a session of its own as `python trainer.py` does (session.py;
 --env RL_OWN_SESSION=0: it stays in this script's session, with the busy loops). The figure to read:
-one_vs_ranks_busy = one process's step / 2 ranks' step, both beside the busy loops (goal <= 1.5). Timings on a shared machine are noise: run it alone (the busy loops are the only other load).
+one_vs_ranks_busy = one process's step / 2 ranks' step, both beside the busy loops (goal <= 1.5). Timings on a
+shared machine are noise: run it alone (the busy loops are the only other load).
 """
 import argparse
 import json
@@ -67,7 +68,8 @@ def main() -> int:
     step = {(r["ranks"], r["load"]): r["step"] for r in rows}
     ratios = {f"one_vs_ranks_{load}": round(step[1, load] / step[2, load], 2) for load in ("quiet", "busy")
               if (1, load) in step and (2, load) in step}
-    print(json.dumps({"bench": "load", "busy": args.busy, "busy_session": args.busy_session, "env": args.env, "runs": rows, **ratios}))
+    print(json.dumps({"bench": "load", "busy": args.busy, "busy_session": args.busy_session, "env": args.env,
+                      "runs": rows, **ratios}))
     return 0
 
 

@@ -44,8 +44,9 @@ def test_autogroup_read_from_the_kernel_setting(tmp_path):
 
 def probe(seconds: int, **kw) -> subprocess.Popen:
     """PROBE started as a shell starts a job: a process group of its own inside the caller's session."""
-    return subprocess.Popen([sys.executable, "-c", PROBE, str(seconds)], env={k: v for k, v in ENV.items() if k != FLAG},
-                            stdout=subprocess.PIPE, text=True, **({"process_group": 0} | kw))
+    return subprocess.Popen([sys.executable, "-c", PROBE, str(seconds)],
+                            env={k: v for k, v in ENV.items() if k != FLAG}, stdout=subprocess.PIPE, text=True,
+                            **({"process_group": 0} | kw))
 
 
 @needs_autogroup

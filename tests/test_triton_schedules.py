@@ -17,7 +17,8 @@ import torch
 from data.triton_tasks import load_tasks
 from rewards.sandbox import bwrap_problem
 from rewards.triton_schedule import Deadlock, Schedule
-from rewards.triton_kernel import Malformed, _compare, _parse_result, lint, triton_reward
+from rewards.triton_gpu import MAX_RUNS
+from rewards.triton_kernel import _MAX_RUNS, Malformed, _compare, _parse_result, lint, triton_reward
 from triton_corpus.schedules import CASES, HONEST, WAITS_ON_THE_NEXT
 
 TASKS = {t["name"]: t for t in load_tasks()}
@@ -148,6 +149,12 @@ def _blob(runs: list, tensors: dict) -> bytes:
     meta = {"error": None, "detail": "", "phase": None, "n_out": [1] * 3, "launches": [1] * 3, "runs": runs,
             "violations": [], "ms": None}
     return save(tensors, metadata={"meta": json.dumps(meta)})
+
+
+def test_the_sandbox_and_the_parent_cap_runs_alike():
+    """triton_gpu runs in the sandbox without this package, so the cap is written twice: a case the harness runs
+    more often than the parent accepts would be a Malformed result (crash) for honest work."""
+    assert MAX_RUNS == _MAX_RUNS
 
 
 def test_every_run_of_every_case_is_validated_and_compared():
