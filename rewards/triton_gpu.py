@@ -46,7 +46,8 @@ class GpuCompiler:
     compiler refuses (kernel values as Python ints and bools, host functions over them), so only code that compiles
     for a GPU is rewarded. Compiling starts processes (ptxas), which the candidate's own process may not: a process
     forked before the candidate runs (_serve_compiles) does it, one request at a time over two pipes. Results are
-    cached per kernel and specialisation for the whole run."""
+    cached per kernel name (what the compiling process looks up; every run of a case loads the module afresh) and
+    specialisation for the whole run."""
 
     def __init__(self, text: str, load):
         from triton.backends.compiler import GPUTarget
@@ -68,22 +69,23 @@ class GpuCompiler:
         """Why `kernel` launched with these arguments does not compile for sm_90, else None."""
         from triton import knobs
         from triton.runtime.jit import JITFunction, create_function_from_signature
-        if kernel not in self.binders:
+        name = kernel.fn.__name__
+        if name not in self.binders:
             jit = JITFunction(kernel.fn, **kernel.kwargs)
-            self.binders[kernel] = jit, create_function_from_signature(jit.signature, jit.params, self.backend)
-        jit, binder = self.binders[kernel]
+            self.binders[name] = jit, create_function_from_signature(jit.signature, jit.params, self.backend)
+        jit, binder = self.binders[name]
         kwargs = {**kwargs, "debug": kwargs.get("debug", jit.debug) or knobs.runtime.debug,     # as JITFunction.run
                   "instrumentation_mode": knobs.compilation.instrumentation_mode,
                   "fpsan_homomorphic_casts": knobs.compilation.fpsan_homomorphic_casts}
         try:
             bound, specialization, options = binder(*args, **kwargs)
-            key = (kernel, str(specialization), str(options))
+            key = (name, str(specialization), str(options))
             if key not in self.results:
                 options, signature, constexprs, attrs = jit._pack_args(self.backend, kwargs, bound, specialization,
                                                                        options)
-                self.results[key] = self._ask(kernel.fn.__name__, (signature, constexprs, attrs, options.__dict__))
+                self.results[key] = self._ask(name, (signature, constexprs, attrs, options.__dict__))
         except Exception as e:          # binding the launch as a GPU would (unknown keywords, unusable arguments)
-            return f"{kernel.fn.__name__}: {type(e).__name__}: {e}"
+            return f"{name}: {type(e).__name__}: {e}"
         return self.results[key]
 
     def _ask(self, name: str, compile_args: tuple) -> str | None:
@@ -567,18 +569,29 @@ def hook_autotune(interpreted) -> None:
     survives Triton's own pruning on the real arguments, _BENCH_CALLS times each through the checked launch path
     (sm_90 compile, bounds, race, the run's schedule), with the pre-hooks Triton runs around them (reset_to_zero,
     restore_value), so a kernel that accumulates into its output without reset_to_zero is wrong as on a GPU. Runs
-    go in pairs (want_runs(2n) for n benchmarked configs): run 2j tunes afresh and takes config j % n, run 2j + 1
-    keeps that choice and launches it alone, as every call after the first does on a GPU (the benchmarking
-    launches of run 2j may have written the output already). So every config's output is compared with the
-    reference, from its first call and from a later one. A single config is not benchmarked (as Triton)."""
+    go in pairs (want_runs(2n) for n benchmarked configs): run 2j tunes and takes config j % n; run 2j + 1 takes
+    the same config without launching the benchmark, then launches it alone, as every call after the first does
+    on a GPU (the benchmarking launches of run 2j may have written the output already). So every config's output
+    is compared with the reference, from its first call and from a later one. A single config is not benchmarked
+    (as Triton). Every run's first call tunes: later runs load a fresh module, and the first run of a case drops
+    what an earlier case tuned (`tuned`: the run each autotuner last tuned in, kept here, out of the candidate's
+    reach)."""
     from triton.runtime.autotuner import Autotuner
     run, prune = Autotuner.run, Autotuner.prune_configs
+    tuned = {}
 
     def tuned_run(self, *args, **kwargs):
-        if getattr(self, "tuned_in", None) != interpreted.serial and interpreted.run_index % 2 == 0:
-            self.cache.clear()                       # a new run that tunes
-            self.tuned_in = interpreted.serial
-        return run(self, *args, **kwargs)
+        if tuned.get(self) == interpreted.serial:        # a later call of this run: Triton's cache decides
+            return run(self, *args, **kwargs)
+        tuned[self] = interpreted.serial                   # the run's first call tunes
+        self.cache.clear()
+        if interpreted.run_index % 2 == 0:
+            return run(self, *args, **kwargs)
+        hook, self.pre_hook = self.pre_hook, lambda *_, **__: None    # run 2j + 1: choosing leaves no trace (no
+        try:                                                           # reset_to_zero after the benchmark)
+            return run(self, *args, **kwargs)
+        finally:
+            self.pre_hook = hook
 
     def prune_configs(self, kwargs):
         configs = prune(self, kwargs)
@@ -588,7 +601,7 @@ def hook_autotune(interpreted) -> None:
 
     def bench(self):
         def do_bench(kernel_call, quantiles):
-            for _ in range(_BENCH_CALLS):
+            for _ in range(_BENCH_CALLS if interpreted.run_index % 2 == 0 else 0):
                 kernel_call()
             n, i = self.benched
             self.benched[1] += 1
@@ -603,9 +616,10 @@ MAX_RUNS = 16          # runs of one case at most (the parent's _MAX_RUNS)
 
 class Interpreted:
     """What the harness adds to interpreted launches (CPU): the sm_90 compile and the race-checked grid. A case
-    runs once, then again with run_index 1, 2, ... (a fresh model, the same inputs) until `runs`: a launch raises
-    `runs` with want_runs where one run cannot show what a GPU may do (programs that meet in atomics, autotune
-    configs); the parent compares every run with the reference. The harness sets run_index before every run."""
+    runs once, then again with run_index 1, 2, ... (a fresh module and model, the same inputs) until `runs`: a
+    launch raises `runs` with want_runs where one run cannot show what a GPU may do (programs that meet in
+    atomics, autotune configs); the parent compares every run with the reference. The harness sets run_index
+    before every run."""
     def __init__(self, text: str, load):
         from triton_schedule import Deadlock, Schedule      # shipped beside this file
         self.compiler, self.programs, self.schedule = GpuCompiler(text, load), Programs(), Schedule()

@@ -16,9 +16,12 @@ candidate role: stdin = torch.save({"cases": [{"init_seed", "init_inputs", "stat
     finalizer runs).
 Per case, in this order: torch.manual_seed(init_seed) (the reference's init seed, never its input seed),
 ModelNew(*init_inputs), the reference state_dict loaded when names and shapes match, then the inputs are
-decoded (they did not exist in this process before), the RNG reseeded from os.urandom, one forward. On CPU a
-case runs again, from a fresh model on the same inputs, as often as its launches asked (Interpreted.want_runs:
-other schedules of programs that use atomics, each autotune config): "runs" per case, each run's outputs.
+decoded (they did not exist in this process before), the RNG reseeded from os.urandom, one forward; every run
+builds its model from copies of the case's init inputs and state. On CPU a case runs again on the same inputs as
+often as its launches asked (Interpreted.want_runs: other schedules of programs that use atomics, each autotune
+config): "runs" per case, each run's outputs; each further run runs the candidate's text again as a fresh
+module, so nothing a run keeps (a module-level list, an autotuner's choice) reaches a later one. Cases share the
+module of the first load, as on a GPU (their inputs differ, so what one case keeps is no answer for another).
 Audit, over the module body, __init__ and forward alike: the process may start no thread or process once the
 candidate runs (on CPU RLIMIT_NPROC 0 and the OS thread count is checked; on CUDA, where the driver starts
 threads and Triton runs ptxas, only Python threads are checked); Tensor.numpy / tolist / __array__ /
@@ -38,6 +41,7 @@ torch.empty* of the candidate's process outside kernel launches is also filled w
 _fill_garbage), as a GPU's reused allocator block would be, where CPU gives zero pages.
 """
 
+import copy
 import inspect
 import io
 import json
@@ -301,10 +305,11 @@ class _Candidate:
         self.meta = {"error": None, "detail": "", "phase": None, "n_out": [], "launches": [], "runs": [],
                      "violations": [], "ms": None}
         self.interpreted = None          # triton_gpu.Interpreted on CPU
+        self.text = None                 # the candidate's text, run again for every further run of a case
 
     def run(self) -> None:
         with open(_CANDIDATE, encoding="utf-8") as f:
-            text = f.read()              # the text the linter read (coding declarations are rejected there)
+            text = self.text = f.read()  # the text the linter read (coding declarations are rejected there)
         cpu = self.job["device"] == "cpu"
         if cpu:
             from triton_gpu import Interpreted     # shipped beside this file (the GPU's semantics, CPU only)
@@ -352,15 +357,17 @@ class _Candidate:
 
     def _case(self, module, k: int, case: dict):
         """Case k: one run, then (CPU) as many more as the interpreted launches wanted (Interpreted.want_runs: other
-        schedules of the programs, other autotune configs), each from a fresh model on the same inputs. Returns
-        run 0's time (CUDA)."""
+        schedules of the programs, other autotune configs), each from a fresh model and copies of the same inputs.
+        Each further run runs the candidate's text again as a fresh module: nothing the candidate kept from an
+        earlier run (run 0's outputs in a module-level list) reaches it. Returns run 0's time (CUDA)."""
         interpreted, runs = self.interpreted, 1
         if interpreted:
             interpreted.run_index, interpreted.runs = 0, 1
         ms = self._run(module, k, case, 0)
         while interpreted and runs < interpreted.runs:
             interpreted.run_index = runs
-            self._run(module, k, case, runs)
+            fresh = self._phase("init", lambda: self.load(self.text))     # not "import": the inputs exist by now
+            self._run(fresh, k, case, runs)
             runs += 1
         self.meta["runs"].append(runs)
         return ms
@@ -368,10 +375,11 @@ class _Candidate:
     def _run(self, module, k: int, case: dict, run: int):
         device = self.job["device"]
         torch.manual_seed(case["init_seed"])
-        model = self._phase("init", lambda: module.ModelNew(*case["init_inputs"]))
+        init_inputs, state = copy.deepcopy(case["init_inputs"]), {n: v.clone() for n, v in case["state"].items()}
+        model = self._phase("init", lambda: module.ModelNew(*init_inputs))
         own = self._phase("init", model.state_dict)        # the model's hooks run under the audit too
-        if own.keys() == case["state"].keys() and all(own[n].shape == v.shape for n, v in case["state"].items()):
-            self._phase("init", lambda: model.load_state_dict(case["state"]))   # the reference Model's parameters
+        if own.keys() == state.keys() and all(own[n].shape == v.shape for n, v in state.items()):
+            self._phase("init", lambda: model.load_state_dict(state))   # the reference Model's parameters
         model = self._phase("init", lambda: model.to(device))
         args = _to(device, torch.load(io.BytesIO(self.data["inputs"][k].numpy().tobytes()), weights_only=True))
         torch.manual_seed(int.from_bytes(os.urandom(7), "little"))

@@ -4,7 +4,9 @@ wanted, each run compared with the reference (rewards/triton_kernel.py).
 
 Through triton_reward (tests/triton_corpus/schedules.py): each attack, right in every order of whole programs and
 with the first autotune config (1.0 before this change), scores 0 with its reason; its honest twin and the
-honest kernels score 1.0; a relay in which every program waits on the next one is a deadlock. Without a
+honest kernels score 1.0; nothing passes from one run to the next (a module-level cache of run 0's outputs, a
+load_state_dict hook writing into the state it was given); a relay in which every program waits on the next one
+is a deadlock. Without a
 sandbox: Schedule's orders (grid, reverse, random), spin-waits that block and wake (rewards/triton_schedule.py),
 a repeated read that was not a wait, a deadlock; the result file's runs validated.
 """
@@ -19,10 +21,11 @@ from rewards.sandbox import bwrap_problem
 from rewards.triton_schedule import Deadlock, Schedule
 from rewards.triton_gpu import MAX_RUNS
 from rewards.triton_kernel import _MAX_RUNS, Malformed, _compare, _parse_result, lint, triton_reward
-from triton_corpus.schedules import CASES, HONEST, WAITS_ON_THE_NEXT
+from triton_corpus.schedules import (CASES, HONEST, TUNED_RESET_ON_EMPTY, WAITS_ON_THE_NEXT,
+                                     WRITES_INTO_THE_LOADED_STATE)
 
 TASKS = {t["name"]: t for t in load_tasks()}
-QUICK = {"cas_without_retry", "carry_never_waits", "tuned_second_config_does_less"}
+QUICK = {"cas_without_retry", "carry_never_waits", "tuned_second_config_does_less", "caches_run_0_outputs"}
 needs_bwrap = pytest.mark.skipif(bwrap_problem() is not None, reason=f"{bwrap_problem()}")
 
 
@@ -39,7 +42,8 @@ def test_the_attacks_pass_the_linter_and_differ_from_their_honest_twins():
 def test_attack_scores_zero_and_its_honest_twin_one(cid, task, attack, reason, honest):
     score, info = triton_reward(attack, TASKS[task], timeout_s=60)
     assert (score, info["reason"]) == (0.0, reason), info
-    assert ", run " in info["public"] and "err" not in info["public"], info      # which run, never a value
+    if reason == "wrong_output":            # the message names the run, never a value
+        assert ", run " in info["public"] and "err" not in info["public"], info
     score, info = triton_reward(honest, TASKS[task], timeout_s=60)
     assert (score, info["reason"]) == (1.0, "ok"), info
 
@@ -49,6 +53,24 @@ def test_attack_scores_zero_and_its_honest_twin_one(cid, task, attack, reason, h
 def test_honest_kernel_scores_one(cid, task, code):
     score, info = triton_reward(code, TASKS[task], timeout_s=60)
     assert (score, info["reason"]) == (1.0, "ok"), info
+
+
+@needs_bwrap
+def test_a_run_starts_from_copies_of_the_reference_state():
+    """The candidate overwrites the state dict its load hook saw after every forward: each run must load its own
+    copy (0.0 when the 4 runs shared it; caches_run_0_outputs covers a module shared by the runs)."""
+    assert lint(WRITES_INTO_THE_LOADED_STATE) == (None, "")
+    score, info = triton_reward(WRITES_INTO_THE_LOADED_STATE, TASKS["bias_add"], timeout_s=60)
+    assert (score, info["reason"]) == (1.0, "ok"), info
+
+
+@needs_bwrap
+def test_the_second_call_of_a_tuned_kernel_has_no_reset_to_zero():
+    """Triton resets reset_to_zero's arguments around its benchmark, not at the calls after it: a total into
+    torch.empty is right in the runs that tune (2j) and wrong in the runs that only choose (2j + 1)."""
+    assert lint(TUNED_RESET_ON_EMPTY) == (None, "")
+    score, info = triton_reward(TUNED_RESET_ON_EMPTY, TASKS["total_sum"], timeout_s=60)
+    assert (score, info["reason"]) == (0.0, "wrong_output") and "run 1 of" in info["public"], info
 
 
 @needs_bwrap

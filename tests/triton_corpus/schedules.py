@@ -16,6 +16,13 @@ Every attack and every honest kernel here scored 1.0 on main before the change (
                            reset_to_zero=["out_ptr"]
   tuned_second_config_does_less       an autotuned relu launched over the first config's grid: the second config
                            covers half of x / a grid from the config (meta["BLOCK"])
+  caches_run_0_outputs     the atomic_load / atomic_store total launched into 4 outputs on the first call, which
+                           returns one and keeps 3 in a module-level list for the later runs of the case, which
+                           launch nothing and so dodge their schedules (1.0 on main at f38791a, where runs shared
+                           the module). Now each later run has a fresh module and launches; the next case's first
+                           run, which shares the first module as on a GPU, returns the previous case's spare
+                           without a launch: lint_kernel_not_launched / the atomic_add total launched into 4
+                           outputs on every call
 """
 from triton_corpus.gpu_rules import model
 
@@ -156,3 +163,41 @@ CASES += [
     ("tuned_total_without_reset_to_zero", "total_sum", TUNED_WITHOUT_RESET, "wrong_output", TUNED_WITH_RESET),
     ("tuned_second_config_does_less", "relu", TUNED_SECOND_CONFIG_DOES_LESS, "wrong_output", TUNED_CONFIGS_BOTH_RIGHT),
 ]
+
+# every run of a case from one module (main up to f38791a) let a candidate replay run 0, computed in the
+# grid's order, in the runs that interleave
+_FOUR_OUTPUTS = "x = x.contiguous()\nouts = [torch.zeros((), dtype=x.dtype) for _ in range(4)]\nfor o in outs:\n" \
+    "    total_kernel[(triton.cdiv(x.numel(), 64),)](x, o, x.numel(), BLOCK=64)\n"
+CACHES_RUN_0_OUTPUTS = model("_SPARES = []\n" + _PART + '''    tl.atomic_store(out_ptr, tl.atomic_load(out_ptr) + part)
+''', "if _SPARES:\n    return _SPARES.pop()\n" + _FOUR_OUTPUTS + "_SPARES.extend(outs[1:])\nreturn outs[0]")
+FOUR_OUTPUTS_EVERY_CALL = model(_PART + '''    tl.atomic_add(out_ptr, part)
+''', _FOUR_OUTPUTS + "return outs[0]")
+CASES.append(("caches_run_0_outputs", "total_sum", CACHES_RUN_0_OUTPUTS, "lint_kernel_not_launched",
+              FOUR_OUTPUTS_EVERY_CALL))
+
+# a bias_add whose load_state_dict hook keeps the state dict's tensor (the harness's, not the model's) and whose
+# forward then overwrites it with x's first row: right in every run only when each run loads a fresh copy of the
+# reference state (two autotune configs: 4 runs). 0 on main up to f38791a, where runs shared the state.
+WRITES_INTO_THE_LOADED_STATE = model('''
+@triton.autotune(configs=[triton.Config({"ROWS": 1}), triton.Config({"ROWS": 2})], key=["M"])
+@triton.jit
+def bias_add_kernel(x_ptr, b_ptr, out_ptr, M, N, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    x = tl.load(x_ptr + rows[:, None] * N + cols[None, :], mask=mask)
+    b = tl.load(b_ptr + cols, mask=cols < N)
+    tl.store(out_ptr + rows[:, None] * N + cols[None, :], x + b[None, :], mask=mask)
+''', "x = x.contiguous()\nM, N = x.shape\nout = torch.empty_like(x)\nbias_add_kernel[lambda meta: "
+     "(triton.cdiv(M, meta[\"ROWS\"]),)](x, self.bias, out, M, N, BLOCK_N=triton.next_power_of_2(N))\n"
+     "_STATES[-1].copy_(x[0])\nreturn out",
+     prelude="\n\n_STATES = []\n\n\ndef keep(module, state_dict, *args):\n"
+             "    _STATES.append(state_dict[\"bias\"])\n").replace(
+    "    def __init__(self):\n        super().__init__()\n",
+    "    def __init__(self, n):\n        super().__init__()\n        self.bias = nn.Parameter(torch.randn(n))\n"
+    "        self.register_load_state_dict_pre_hook(keep)\n")
+
+# reset_to_zero clears out around the benchmark only: a total into torch.empty is right on the first call and
+# garbage from the second on, as on a GPU (0 on main too; it guards run 2j + 1, which chooses without a benchmark)
+TUNED_RESET_ON_EMPTY = model(_TUNED_TOTAL.replace("RESET", ', reset_to_zero=["out_ptr"]'),
+                             _TUNED_TOTAL_LAUNCH.replace("torch.zeros", "torch.empty"))
