@@ -237,6 +237,16 @@ MUTANTS = [
      '"cosine": 1.0', ["tests/test_day_one.py", "-k", "lr_schedules"]),
     ("overlong.penalty_factor not passed (always 1)", "trainer.py", "o.filter, every_rank, o.penalty_factor)",
      "o.filter, every_rank, 1.0)", ["tests/test_wiring.py", "-k", "dr-grpo"]),
+    # rewards round 5 (issue 44): the runs of a case
+    ("a Triton case's later runs reuse run 0's module", "rewards/triton_harness.py",
+     "self._run(fresh, k, case, runs)", "self._run(module, k, case, runs)",
+     ["tests/test_triton_schedules.py", "-k", "caches_run_0_outputs"]),
+    ("a Triton case's runs share the reference state", "rewards/triton_harness.py",
+     '{n: v.clone() for n, v in case["state"].items()}', 'dict(case["state"])',
+     ["tests/test_triton_schedules.py", "-k", "copies_of_the_reference_state"]),
+    ("a tuned kernel's choosing run resets reset_to_zero's arguments", "rewards/triton_gpu.py",
+     "hook, self.pre_hook = self.pre_hook, lambda *_, **__: None", "hook = self.pre_hook",
+     ["tests/test_triton_schedules.py", "-k", "no_reset_to_zero"]),
 ]
 
 
