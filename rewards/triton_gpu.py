@@ -165,27 +165,35 @@ class Visibility:
     """What each running program stored since its last tl.debug_barrier, and by which lane: on a GPU a plain store
     is visible to the other threads of its program only after a barrier (or at the program's end), so a plain
     load that reads such a byte in another lane (another position in its block, or a block of another shape) is
-    a race inside one program. Lanes are told apart by (block shape, flattened position): the same position of
-    blocks of one shape is one thread. Atomics are exempt (coherent). State per program (a dict), so programs
+    a race inside one program; and two lanes whose last stores to one byte before a barrier differ leave either
+    value (the interpreter keeps the later store's, or within one store the last element's), a race too; lanes
+    that store the same value agree. Lanes are told apart by (block shape, flattened position): the same position
+    of blocks of one shape is one thread. Atomics are exempt (coherent). State per program (a dict), so programs
     may interleave."""
 
     def __init__(self):
-        self.stored = {}            # program -> [(byte addresses, lane keys)] of its plain stores since its barrier
+        self.stored = {}            # program -> [(byte addresses, lane keys, values)] of its plain stores since its
+        #                             barrier
         self.merged = {}            # program -> (sorted addresses, lowest key, highest key) of the above
         self.shapes = {}            # block shape -> its number in the lane keys
-        self.clash = None           # the launch's first: (program, byte address)
+        self.clash = None           # the launch's first: (program, byte address, "load" | "store")
 
-    def lanes(self, ptrs, mask, size: int) -> tuple:
-        """(byte addresses, lane keys) of the masked-in elements of `ptrs` (elements of `size` bytes)."""
+    def lanes(self, ptrs, mask, size: int, value=None) -> tuple:
+        """(byte addresses, lane keys) of the masked-in elements of `ptrs` (elements of `size` bytes), and with a
+        stored `value` the element written at each byte (its bits as an unsigned integer)."""
         shape = self.shapes.setdefault(ptrs.data.shape, len(self.shapes))
         lanes = np.arange(ptrs.data.size, dtype=np.uint64) if mask is None else \
             np.flatnonzero(np.broadcast_to(mask.data, ptrs.data.shape)).astype(np.uint64)
         addresses = ptrs.data.ravel()[lanes].astype(np.uint64)
         keys = np.repeat(lanes | np.uint64(shape << 40), size)
-        return (addresses.reshape(-1, 1) + np.arange(size, dtype=np.uint64)).ravel(), keys
+        addresses = (addresses.reshape(-1, 1) + np.arange(size, dtype=np.uint64)).ravel()
+        if value is None:
+            return addresses, keys
+        written = np.ascontiguousarray(np.broadcast_to(value.data, ptrs.data.shape).ravel()[lanes])
+        return addresses, keys, np.repeat(written.view(f"u{written.itemsize}").astype(np.uint64), size)
 
-    def store(self, program: int, addresses, keys) -> None:
-        self.stored.setdefault(program, []).append((addresses, keys))
+    def store(self, program: int, addresses, keys, written) -> None:
+        self.stored.setdefault(program, []).append((addresses, keys, written))
         self.merged.pop(program, None)
 
     def load(self, program: int, addresses, keys) -> None:
@@ -193,8 +201,8 @@ class Visibility:
         if program not in self.stored or self.clash is not None or not len(addresses):
             return
         if program not in self.merged:
-            a = np.concatenate([a for a, _ in self.stored[program]])
-            k = np.concatenate([k for _, k in self.stored[program]])
+            a = np.concatenate([a for a, _, _ in self.stored[program]])
+            k = np.concatenate([k for _, k, _ in self.stored[program]])
             order = np.lexsort((k, a))
             a, k = a[order], k[order]
             first = np.flatnonzero(np.r_[True, a[1:] != a[:-1]])
@@ -203,12 +211,24 @@ class Visibility:
         at = np.minimum(np.searchsorted(stored, addresses), len(stored) - 1)
         clash = (stored[at] == addresses) & ((low[at] != keys) | (high[at] != keys))
         if clash.any():
-            self.clash = program, int(addresses[np.argmax(clash)])
+            self.clash = program, int(addresses[np.argmax(clash)]), "load"
 
     def barrier(self, program: int) -> None:
-        """tl.debug_barrier in `program`, or its end: what it stored is visible to all its lanes."""
-        self.stored.pop(program, None)
+        """tl.debug_barrier in `program`, or its end: what it stored is visible to all its lanes, once the last
+        store of each lane to each byte agrees with the other lanes'."""
+        parts = self.stored.pop(program, None)
         self.merged.pop(program, None)
+        if self.clash is not None or not parts or len(parts) == 1 and len(np.unique(parts[0][0])) == len(parts[0][0]):
+            return
+        a, k, b = (np.concatenate([part[i] for part in parts]) for i in range(3))
+        order = np.lexsort((np.arange(len(a)), k, a))          # by byte, lane, then store order
+        a, k, b = a[order], k[order], b[order]
+        last = np.r_[(a[1:] != a[:-1]) | (k[1:] != k[:-1]), True]     # each lane's last store to each byte
+        a, b = a[last], b[last]
+        first = np.flatnonzero(np.r_[True, a[1:] != a[:-1]])
+        differ = np.minimum.reduceat(b, first) != np.maximum.reduceat(b, first)
+        if differ.any():
+            self.clash = program, int(a[first[np.argmax(differ)]]), "store"
 
 
 class Programs:
@@ -248,8 +268,9 @@ class Programs:
     def index(self, program: int) -> tuple:
         return _grid_index(program, self.dims)
 
-    def record(self, kind: str, ptrs, mask) -> None:
-        """The bytes a program accesses through `ptrs` (a TensorHandle of addresses) where `mask` is set."""
+    def record(self, kind: str, ptrs, mask, value=None) -> None:
+        """The bytes a program accesses through `ptrs` (a TensorHandle of addresses) where `mask` is set (a plain
+        store: writing `value`)."""
         if self.program is None:
             return
         if self.atomic:
@@ -258,7 +279,7 @@ class Programs:
         self.pending.setdefault(self.program, {k: [] for k in _ACCESS_WORDS})[kind].append(touched)
         if kind == "store" or kind == "load" and self.program in self.visibility.stored:     # plain ones
             size = max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
-            getattr(self.visibility, kind)(self.program, *self.visibility.lanes(ptrs, mask, size))
+            getattr(self.visibility, kind)(self.program, *self.visibility.lanes(ptrs, mask, size, value))
         starts, ends, _ = self.storages
         at = np.searchsorted(starts, touched, "right") - 1
         outside = (at < 0) | (touched >= ends[np.maximum(at, 0)])
@@ -296,12 +317,14 @@ class Programs:
                          f"{self.index(program)} {_ACCESS_WORDS[kind]} {count} bytes outside every tensor "
                          f"argument's storage (first at {address - int(starts[near]) if names else address:+d})")
         if self.visibility.clash:
-            program, address = self.visibility.clash
+            program, address, kind = self.visibility.clash
             starts, _, names = self.storages
             at = int(np.searchsorted(starts, address, "right")) - 1
-            found.append(f"race: {kernel}: {names[at] if at >= 0 else '-'}: program {self.index(program)} loads "
-                         f"in one lane what another lane of it stored, with no tl.debug_barrier between (byte "
-                         f"{address - int(starts[at]) if at >= 0 else address} of the argument)")
+            what = "loads in one lane what another lane of it stored" if kind == "load" else \
+                "stores different values to one byte from two lanes"
+            found.append(f"race: {kernel}: {names[at] if at >= 0 else '-'}: program {self.index(program)} {what}, "
+                         f"with no tl.debug_barrier between (byte {address - int(starts[at]) if at >= 0 else address} "
+                         "of the argument)")
         for kind, others in _CONFLICTS:
             clash = _first_clash(self._spans((kind,)), self._spans(others))
             if clash is not None:
@@ -372,7 +395,7 @@ def hook_programs(programs: Programs) -> None:
         return load(self, ptrs, mask, *rest, **options)
 
     def masked_store(self, ptrs, value, mask, *rest, **options):
-        programs.record("store", ptrs, mask)
+        programs.record("store", ptrs, mask, None if programs.atomic else value)
         return store(self, ptrs, value, mask, *rest, **options)
 
     def atomic_rmw(self, op, ptr, value, mask, *rest):

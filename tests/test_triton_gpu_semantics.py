@@ -12,14 +12,16 @@ style that keeps scoring 1.0, through triton_reward:
              (each form's TTIR equals its explicit twin's, the interpreter agrees bit for bit); the honest leaky
              ReLU with Python's max scored wrong_output on main, now 1.0
   descriptors  tl.make_tensor_descriptor loads and stores run (refused by accident on main), bounds checked
-  visibility a scratch buffer read back in other lanes without tl.debug_barrier: race (1.0 on main); with it: 1.0
+  visibility a scratch buffer read back in other lanes without tl.debug_barrier: race (1.0 on main); with it: 1.0;
+             a row sum stored as its cumulative sums from every lane to one address (the interpreter keeps the
+             last lane's, the total): race (1.0 on main at 1e081f3); the total stored from every lane: 1.0
 """
 import pytest
 
 from data.triton_tasks import load_tasks
 from rewards.sandbox import bwrap_problem
 from rewards.triton_kernel import lint, triton_reward
-from triton_corpus.gpu_rules import ATTACKS, RELU_KERNEL, model
+from triton_corpus.gpu_rules import ATTACKS, model
 
 TASKS = {t["name"]: t for t in load_tasks()}
 needs_bwrap = pytest.mark.skipif(bwrap_problem() is not None, reason=f"{bwrap_problem()}")
@@ -255,6 +257,31 @@ def test_visibility_attack_scores_zero_and_its_honest_twin_one(cid, task, attack
     assert (score, info["reason"]) == (1.0, "ok"), info
 
 
+ONE_ADDRESS = '''
+@triton.jit
+def row_sum_kernel(x_ptr, out_ptr, N, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * N + cols, mask=cols < N, other=0.0)
+    tl.store(out_ptr + row + cols * 0, VALUE, mask=cols < N)
+'''
+ONE_ADDRESS_LAUNCH = "x = x.contiguous()\nM, N = x.shape\nout = torch.empty(M, dtype=x.dtype)\n" \
+    "row_sum_kernel[(M,)](x, out, N, BLOCK=triton.next_power_of_2(N))\nreturn out"
+
+
+@needs_bwrap
+def test_lanes_that_store_different_values_to_one_byte_race():
+    """Every lane of a row's program stores to out[row]: the cumulative sums (the interpreter keeps the last
+    lane's, the total; a GPU any lane's) is a race; the total from every lane agrees and scores."""
+    attack = model(ONE_ADDRESS.replace("VALUE", "tl.cumsum(x, axis=0)"), ONE_ADDRESS_LAUNCH)
+    honest = model(ONE_ADDRESS.replace("VALUE", "tl.sum(x, axis=0) + cols * 0.0"), ONE_ADDRESS_LAUNCH)
+    assert lint(attack) == lint(honest) == (None, "")
+    score, info = triton_reward(attack, TASKS["row_sum"], timeout_s=60)
+    assert (score, info["reason"], info["public"]) == (0.0, "race", "runtime: ['race: row_sum_kernel: out_ptr']"), info
+    score, info = triton_reward(honest, TASKS["row_sum"], timeout_s=60)
+    assert (score, info["reason"]) == (1.0, "ok"), info
+
+
 SAME_LANES = model('''
 @triton.jit
 def relu_kernel(x_ptr, out_ptr, count_ptr, n, BLOCK: tl.constexpr):
@@ -282,14 +309,18 @@ def test_reading_back_in_the_same_lanes_needs_no_barrier():
 
 def test_visibility_rule_lanes_barriers_and_programs():
     """Visibility alone: a load in the lanes that stored (same shape, same positions) is fine, another position or
-    another shape is a race until tl.debug_barrier or the program's end; each program has its own stores."""
+    another shape is a race until tl.debug_barrier or the program's end; each program has its own stores. At a
+    barrier, two lanes whose last stores to a byte differ are a race; the same value, or one lane storing twice
+    (program order), is not."""
     from types import SimpleNamespace as Handle
     import numpy as np
     from rewards.triton_gpu import Visibility
 
-    def access(v, kind, program, addresses, mask=None):
+    def access(v, kind, program, addresses, mask=None, values=None):
         ptrs = Handle(data=np.array(addresses, np.uint64))
-        getattr(v, kind)(program, *v.lanes(ptrs, mask and Handle(data=np.array(mask)), 4))
+        value = Handle(data=np.array(values if values is not None else np.zeros(ptrs.data.shape), np.float32))
+        getattr(v, kind)(program, *v.lanes(ptrs, mask and Handle(data=np.array(mask)), 4,
+                                           value if kind == "store" else None))
         return v.clash
 
     block, reversed_block, tile = [100, 104, 108, 112], [112, 108, 104, 100], [[100, 104], [108, 112]]
@@ -301,13 +332,26 @@ def test_visibility_rule_lanes_barriers_and_programs():
     v.barrier(0)
     assert access(v, "load", 0, tile) is None                                   # after the barrier: any shape
     assert access(v, "store", 0, block, [True, True, False, False]) is None
-    assert access(v, "load", 0, [[104, 100], [112, 116]]) == (0, 104)           # lane 0 reads lane 1's store
+    assert access(v, "load", 0, [[104, 100], [112, 116]]) == (0, 104, "load")   # lane 0 reads lane 1's store
     v = Visibility()
     access(v, "store", 3, block)
-    assert access(v, "load", 3, tile) == (3, 100)                               # another block shape
+    assert access(v, "load", 3, tile) == (3, 100, "load")                       # another block shape
     v = Visibility()
     access(v, "store", 5, [100])
     assert access(v, "load", 5, [100]) is None                                  # a scalar read back
+    v = Visibility()
+    access(v, "store", 6, [100, 100, 104, 104], values=[1.0, 1.0, 2.0, 2.0])    # lanes agree on each byte
+    access(v, "store", 6, block, values=[7.0, 2.0, 0.0, 0.0])
+    access(v, "store", 6, block, values=[1.0, 2.0, 0.0, 0.0])                   # lane 0 again: program order
+    v.barrier(6)
+    assert v.clash is None
+    access(v, "store", 7, block, values=[1.0, 2.0, 3.0, 4.0])
+    access(v, "store", 7, [100], values=[5.0])                                  # a scalar: another lane
+    assert v.clash is None and v.barrier(7) is None and v.clash == (7, 100, "store")
+    v = Visibility()
+    access(v, "store", 8, [100, 104, 104, 108], [True, True, True, False], values=[1.0, 2.0, 3.0, 9.0])
+    v.barrier(8)
+    assert v.clash == (8, 104, "store")                                         # within one store; 108 masked out
 
 
 def test_the_semantics_global_is_reserved():

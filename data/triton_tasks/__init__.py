@@ -80,7 +80,7 @@ The kernels are checked as an H100 (sm_90) runs them. Outputs must match within 
 input_precision="ieee" (or "tf32x3"). torch.empty memory holds garbage: write every output element. Every load
 and store must stay inside its tensor (mask the edges), and programs may run in any order. Inside a program, a
 load that reads what other lanes stored (another position in the block, or another block shape) needs
-tl.debug_barrier() after the store.
+tl.debug_barrier() after the store, and lanes that store to one address must store the same value.
 
 You are given the following architecture:
 ```python
