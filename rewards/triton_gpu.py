@@ -178,19 +178,19 @@ class Visibility:
         self.shapes = {}            # block shape -> its number in the lane keys
         self.clash = None           # the launch's first: (program, byte address, "load" | "store")
 
-    def lanes(self, ptrs, mask, size: int, value=None) -> tuple:
-        """(byte addresses, lane keys) of the masked-in elements of `ptrs` (elements of `size` bytes), and with a
-        stored `value` the element written at each byte (its bits as an unsigned integer)."""
+    def lanes(self, ptrs, mask, value=None) -> tuple:
+        """(lane keys, values) of the bytes of the masked-in elements of `ptrs`, in the order of _bytes(ptrs, mask):
+        the lane that accesses each byte and, with a stored `value`, the element written there (its bits as an
+        unsigned integer; else None)."""
+        size = max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
         shape = self.shapes.setdefault(ptrs.data.shape, len(self.shapes))
         lanes = np.arange(ptrs.data.size, dtype=np.uint64) if mask is None else \
             np.flatnonzero(np.broadcast_to(mask.data, ptrs.data.shape)).astype(np.uint64)
-        addresses = ptrs.data.ravel()[lanes].astype(np.uint64)
         keys = np.repeat(lanes | np.uint64(shape << 40), size)
-        addresses = (addresses.reshape(-1, 1) + np.arange(size, dtype=np.uint64)).ravel()
         if value is None:
-            return addresses, keys
+            return keys, None
         written = np.ascontiguousarray(np.broadcast_to(value.data, ptrs.data.shape).ravel()[lanes])
-        return addresses, keys, np.repeat(written.view(f"u{written.itemsize}").astype(np.uint64), size)
+        return keys, np.repeat(written.view(f"u{written.itemsize}").astype(np.uint64), size)
 
     def store(self, program: int, addresses, keys, written) -> None:
         self.stored.setdefault(program, []).append((addresses, keys, written))
@@ -278,8 +278,11 @@ class Programs:
         touched = _bytes(ptrs, mask)
         self.pending.setdefault(self.program, {k: [] for k in _ACCESS_WORDS})[kind].append(touched)
         if kind == "store" or kind == "load" and self.program in self.visibility.stored:     # plain ones
-            size = max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
-            getattr(self.visibility, kind)(self.program, *self.visibility.lanes(ptrs, mask, size, value))
+            keys, written = self.visibility.lanes(ptrs, mask, value)
+            if kind == "store":
+                self.visibility.store(self.program, touched, keys, written)
+            else:
+                self.visibility.load(self.program, touched, keys)
         starts, ends, _ = self.storages
         at = np.searchsorted(starts, touched, "right") - 1
         outside = (at < 0) | (touched >= ends[np.maximum(at, 0)])

@@ -314,13 +314,14 @@ def test_visibility_rule_lanes_barriers_and_programs():
     (program order), is not."""
     from types import SimpleNamespace as Handle
     import numpy as np
-    from rewards.triton_gpu import Visibility
+    from rewards.triton_gpu import Visibility, _bytes
 
     def access(v, kind, program, addresses, mask=None, values=None):
-        ptrs = Handle(data=np.array(addresses, np.uint64))
+        ptrs = Handle(data=np.array(addresses, np.uint64), get_element_ty=lambda: Handle(primitive_bitwidth=32))
+        mask = mask and Handle(data=np.array(mask))
         value = Handle(data=np.array(values if values is not None else np.zeros(ptrs.data.shape), np.float32))
-        getattr(v, kind)(program, *v.lanes(ptrs, mask and Handle(data=np.array(mask)), 4,
-                                           value if kind == "store" else None))
+        keys, written = v.lanes(ptrs, mask, value if kind == "store" else None)
+        getattr(v, kind)(program, _bytes(ptrs, mask), keys, *([written] if kind == "store" else []))
         return v.clash
 
     block, reversed_block, tile = [100, 104, 108, 112], [112, 108, 104, 100], [[100, 104], [108, 112]]
