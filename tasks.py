@@ -28,7 +28,7 @@ def score_code(row: dict, completion: str) -> tuple[float, dict]:
 
 
 def score_triton(row: dict, completion: str) -> tuple[float, dict]:
-    from rewards.triton_kernel import triton_reward
+    from rewards.triton.kernel import triton_reward
     return triton_reward(completion, row)
 
 
@@ -82,7 +82,7 @@ class Task(NamedTuple):
     module: str | None = None  # the reward module its scorer imports (a pool worker imports it before the job's clock)
 
 
-MATH, CODE, TRITON = "rewards.math", "rewards.code", "rewards.triton_kernel"
+MATH, CODE, TRITON = "rewards.math", "rewards.code", "rewards.triton.kernel"
 TASKS = {
     "math": Task(("answer",), score_math, check_math, module=MATH),
     "code": Task(("tests",), score_code, check_code, module=CODE),

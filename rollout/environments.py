@@ -220,10 +220,10 @@ class TritonRefine(Environment):
     setup."""
     tools = {"test_kernel": "check a Triton kernel: {\"code\": \"<python source with @triton.jit>\"} -> ok or what "
                             "failed (lint, compile, wrong output, crash, timeout)"}
-    module = "rewards.triton_kernel"
+    module = "rewards.triton.kernel"
 
     def call(self, row, name, arguments):
-        from rewards.triton_kernel import triton_reward
+        from rewards.triton.kernel import triton_reward
         code = arguments.get("code")
         if not isinstance(code, str):
             raise ToolFault("malformed", 'test_kernel takes {"code": "<python source>"}')

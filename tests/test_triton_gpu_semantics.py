@@ -1,4 +1,4 @@
-"""Issue 44: the interpreter behaves like the GPU it stands for (rewards/triton_gpu.py, rewards/triton_harness.py).
+"""Issue 44: the interpreter behaves like the GPU it stands for (rewards/triton/gpu.py, rewards/triton/harness.py).
 
 For each class done, an attack that scored 1.0 on main (before this issue's fix) and an honest kernel in the same
 style that keeps scoring 1.0, through triton_reward:
@@ -20,7 +20,7 @@ import pytest
 
 from data.triton_tasks import load_tasks
 from rewards.sandbox import bwrap_problem
-from rewards.triton_kernel import lint, triton_reward
+from rewards.triton.kernel import lint, triton_reward
 from triton_corpus.gpu_rules import ATTACKS, model
 
 TASKS = {t["name"]: t for t in load_tasks()}
@@ -128,7 +128,7 @@ def _ttir(kernel) -> str:
     import re
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, compile
-    from rewards.triton_gpu import _GPU_TARGET
+    from rewards.triton.gpu import _GPU_TARGET
     signature = {"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "slope": "fp32",
                  "C": "constexpr", "BLOCK": "constexpr"}
     ttir = compile(ASTSource(kernel, signature, {"C": 3, "BLOCK": 16}), target=GPUTarget(*_GPU_TARGET)).asm["ttir"]
@@ -140,7 +140,7 @@ def _interpret(kernel, monkeypatch):
     """out of the kernel under Triton's interpreter with the sandbox's rewrite (n=7, slope=0.25, C=3)."""
     import torch
     from triton.runtime import interpreter
-    from rewards import triton_gpu
+    from rewards.triton import gpu as triton_gpu
     monkeypatch.setattr(interpreter, triton_gpu._SEMANTICS, triton_gpu._Semantics, raising=False)
     monkeypatch.setattr(interpreter.FunctionRewriter, "ast_transformer", triton_gpu.gpu_transformer())
     x = torch.tensor([1.5, -2.0, 0.0, -0.0, float("nan"), 3.0, -0.5, 0.25] * 2)
@@ -314,7 +314,7 @@ def test_visibility_rule_lanes_barriers_and_programs():
     (program order), is not."""
     from types import SimpleNamespace as Handle
     import numpy as np
-    from rewards.triton_gpu import Visibility, _bytes
+    from rewards.triton.gpu import Visibility, _bytes
 
     def access(v, kind, program, addresses, mask=None, values=None):
         ptrs = Handle(data=np.array(addresses, np.uint64), get_element_ty=lambda: Handle(primitive_bitwidth=32))
@@ -357,7 +357,7 @@ def test_visibility_rule_lanes_barriers_and_programs():
 
 def test_the_semantics_global_is_reserved():
     """A file binding the global through which rewritten kernels reach _Semantics would run its own code there."""
-    from rewards.triton_language import _triton_reads
+    from rewards.triton.language import _triton_reads
     assert "_triton_gpu_semantics" in _triton_reads()
     code = LEAKY_BUILTIN_MAX.replace("class ModelNew", "_triton_gpu_semantics = tl.constexpr(1)\n\n\nclass ModelNew")
     assert lint(code)[0] == "lint_name", lint(code)

@@ -1,13 +1,13 @@
-"""Issue 44, classes 1, 2 and 5: the programs of an interpreted launch overlap as on a GPU (rewards/triton_gpu.py's
+"""Issue 44, classes 1, 2 and 5: the programs of an interpreted launch overlap as on a GPU (rewards/triton/gpu.py's
 Schedule), the autotuner benchmarks every config (hook_autotune), and a case runs once per schedule or config
-wanted, each run compared with the reference (rewards/triton_kernel.py).
+wanted, each run compared with the reference (rewards/triton/kernel.py).
 
 Through triton_reward (tests/triton_corpus/schedules.py): each attack, right in every order of whole programs and
 with the first autotune config (1.0 before this change), scores 0 with its reason; its honest twin and the
 honest kernels score 1.0; nothing passes from one run to the next (a module-level cache of run 0's outputs, a
 load_state_dict hook writing into the state it was given); a relay in which every program waits on the next one
 is a deadlock. Without a
-sandbox: Schedule's orders (grid, reverse, random), spin-waits that block and wake (rewards/triton_schedule.py),
+sandbox: Schedule's orders (grid, reverse, random), spin-waits that block and wake (rewards/triton/schedule.py),
 a repeated read that was not a wait, a deadlock; the result file's runs validated.
 """
 import json
@@ -18,9 +18,9 @@ import torch
 
 from data.triton_tasks import load_tasks
 from rewards.sandbox import bwrap_problem
-from rewards.triton_schedule import Deadlock, Schedule
-from rewards.triton_gpu import MAX_RUNS
-from rewards.triton_kernel import _MAX_RUNS, Malformed, _compare, _parse_result, lint, triton_reward
+from rewards.triton.schedule import Deadlock, Schedule
+from rewards.triton.gpu import MAX_RUNS
+from rewards.triton.kernel import _MAX_RUNS, Malformed, _compare, _parse_result, lint, triton_reward
 from triton_corpus.schedules import (CASES, HONEST, TUNED_RESET_ON_EMPTY, WAITS_ON_THE_NEXT,
                                      WRITES_INTO_THE_LOADED_STATE)
 

@@ -1,5 +1,5 @@
 """AutoTriton reward: 1.0 only if the completion's code is written in the accepted language
-(rewards/triton_language.py) AND matches the PyTorch reference in the sandbox; else 0.0 with a reason code.
+(rewards/triton/language.py) AND matches the PyTorch reference in the sandbox; else 0.0 with a reason code.
 
     score, info = triton_reward(completion, task, timeout_s=60)
     task: {"name": str, "reference_code": str defining Model, get_inputs(), get_init_inputs(), ...}
@@ -12,13 +12,13 @@
            before its inputs existed); "" where there is none
 
 AutoTriton (SFT then GRPO): reward = is_triton(code) AND passes tests. `lint` decides is_triton; `execute` runs
-the reference (once per task, cached) and the candidate in two sandboxes (rewards/triton_harness.py), on inputs
+the reference (once per task, cached) and the candidate in two sandboxes (rewards/triton/harness.py), on inputs
 from seeds drawn per process and never shown to the candidate, and compares here (torch.allclose, atol = rtol =
 1e-4 fp32, 1e-2 fp16/bf16, exact for integers) after validating every field of the result file against the
 reference. On CPU the kernels run under TRITON_INTERPRET=1, a case as many times as its launches ask (program
 schedules, autotune configs: every run must match); on CUDA on the GPU, with the speedup.
 
-The accepted language is described rule by rule in rewards/triton_language.py; rewards/triton_lint.py
+The accepted language is described rule by rule in rewards/triton/language.py; rewards/triton/lint.py
 checks it.
 
 Reason codes, in the order they are checked:
@@ -50,20 +50,22 @@ from collections import OrderedDict
 
 from rewards.code import extract_code
 from rewards.sandbox import refusal, run_python
-from rewards.triton_lint import lint
+from rewards.triton.lint import lint
 
 # (input seed, init seed) per case: drawn per process, never shown to the candidate, so neither its module
 # body nor __init__ can regenerate the inputs; the init seed alone is shared (it reproduces the reference's
 # parameters when ModelNew builds them in the same order)
 SEEDS = tuple((secrets.randbits(31), secrets.randbits(31)) for _ in range(3))
 REFERENCE_TIMEOUT_S = 120      # the task's own code: trusted to finish, run once per task and process
-_HARNESS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "triton_harness.py")
-_GPU_PATH = os.path.join(os.path.dirname(_HARNESS_PATH), "triton_gpu.py")      # the harness imports it
-_SCHEDULE_PATH = os.path.join(os.path.dirname(_HARNESS_PATH), "triton_schedule.py")    # triton_gpu imports it
+# harness.py, gpu.py and schedule.py run in the sandbox as the top-level modules triton_harness, triton_gpu and
+# triton_schedule (unique names beside whatever torch and triton import there)
+_HARNESS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "harness.py")
+_GPU_PATH = os.path.join(os.path.dirname(_HARNESS_PATH), "gpu.py")      # the harness imports it
+_SCHEDULE_PATH = os.path.join(os.path.dirname(_HARNESS_PATH), "schedule.py")    # triton_gpu imports it
 _SCRIPT = "import triton_harness; triton_harness.main()"
 _REF_CACHE_SIZE = 256
 _ref_cache: "OrderedDict[tuple, dict]" = OrderedDict()   # (reference_code, device) -> parsed ref.pt
-_ref_lock = threading.Lock()                              # triton_eval scores from threads
+_ref_lock = threading.Lock()                              # rewards.triton.eval scores from threads
 
 _TOLERANCE = {"float16": 1e-2, "bfloat16": 1e-2}   # atol = rtol by output dtype; other floats 1e-4
 

@@ -1,5 +1,5 @@
 """The GPU-semantics side of the interpreter (CPU runs, inside the sandbox): what a GPU would do differently from
-Triton's interpreter, put back at every interpreted launch. rewards/triton_harness.py uses it; rewards/triton_kernel.py
+Triton's interpreter, put back at every interpreted launch. rewards/triton/harness.py uses it; rewards/triton/kernel.py
 ships both files into the scratch dir. Imports only stdlib, torch, triton, numpy.
 
 What a GPU would do differently, checked on CPU at every interpreted launch (the interpreter runs a kernel body as

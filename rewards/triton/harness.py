@@ -1,4 +1,4 @@
-"""The side of the Triton reward that runs inside the sandbox; rewards/triton_kernel.py ships this file into
+"""The side of the Triton reward that runs inside the sandbox; rewards/triton/kernel.py ships this file into
 the scratch dir and runs `import triton_harness; triton_harness.main()`. Imports only stdlib, torch, triton,
 safetensors, numpy. Nothing here decides the score: the parent validates every field and compares the outputs.
 
@@ -36,7 +36,7 @@ host window where any aten op or bridge is a violation. On CPU the autotuner lau
 benchmarks, and the runs of a case take each config in turn (triton_gpu.hook_autotune). On CUDA the timed calls
 (3 warm-up + 20) run under the same audit and launch count as the checked call. On CUDA Triton's allocator is
 torch's (tl.make_tensor_descriptor needs global scratch at launch; the accepted language cannot set one).
-At every interpreted launch (CPU) the GPU's own semantics are put back: rewards/triton_gpu.py. On CPU every
+At every interpreted launch (CPU) the GPU's own semantics are put back: rewards/triton/gpu.py. On CPU every
 torch.empty* of the candidate's process outside kernel launches is also filled with garbage (NaN, random integers:
 _fill_garbage), as a GPU's reused allocator block would be, where CPU gives zero pages.
 """

@@ -1,6 +1,6 @@
 """Programs of one interpreted launch that overlap as on a GPU (CPU, inside the sandbox): Schedule runs them as
-coroutines switched at atomics; rewards/triton_gpu.py routes the interpreter through it and ships beside it
-(rewards/triton_kernel.py ships both). Imports only stdlib, numpy, greenlet.
+coroutines switched at atomics; rewards/triton/gpu.py routes the interpreter through it and ships beside it
+(rewards/triton/kernel.py ships both). Imports only stdlib, numpy, greenlet.
 """
 
 import os
