@@ -54,7 +54,7 @@ from rewards.pool import RewardPool
 from rewards.prime import Prime
 from rewards.sandbox import SandboxUnavailable, require_isolation
 from rewards.user import component_metrics, messages_of, reward_pool
-from tasks import UNTRUSTED_TASKS, env_of
+from tasks import NOT_SCORED, UNTRUSTED_TASKS, env_of, preflight as reward_preflight
 from rollout import mismatch
 from rollout.copris import CoprisScheduler, Trajectory
 from rollout.environments import Episodes, Observations, TemplateError
@@ -419,13 +419,10 @@ def score_groups(run: Run, groups, eg: EngineGroup | None = None) -> tuple[torch
     return torch.tensor([sc for g in groups for sc, _ in g.scores], dtype=torch.float32), reasons
 
 
-REWARD_FAILURES = ("error", "reward_error", "bad_answer")  # the scorer itself failed, or the row's answer is unusable
-
-
 def stop_if_rewards_failed(run: Run, groups) -> None:
     """A step in which every sample's reward failed (on every rank) is a data or code bug, not a score: stop with the
     first failure and its data row rather than train on all-zero rewards."""
-    failed = [(g.row, info) for g in groups for _, info in g.scores if info["reason"] in REWARD_FAILURES]
+    failed = [(g.row, info) for g in groups for _, info in g.scores if info["reason"] in NOT_SCORED]
     n_failed, n = all_sum([len(failed), sum(len(g.scores) for g in groups)], run.device)
     if n and n_failed == n:
         row, info = failed[0] if failed else ({}, {})
@@ -609,7 +606,7 @@ def step_metrics(run: Run, version: int, trajs, rewards, reasons: dict, rstats, 
     (reward, n, tokens, truncated, new_tokens, off_policy, timeouts, errors, buffered, dropped) = all_sum(
         [float(rewards.sum()), len(rewards), sum(lengths), sum(tr.finish_reason == "length" for tr in trajs),
          rstats.new_tokens / t, off_policy, reasons.get("timeout", 0),
-         sum(reasons.get(k, 0) for k in ("crash", "error", "reward_error")),
+         sum(n for k, n in reasons.items() if k in NOT_SCORED or k == "crash"),
          buffered / t, rstats.dropped_groups / t], run.device)
     every = sorted(all_gather_list(lengths))
     out = {"reward": reward / n, "response_len": tokens / n, "response_len_p50": every[len(every) // 2],
@@ -908,6 +905,16 @@ def start_episodes(run: Run, rows: list[dict]) -> Episodes | None:
         raise ConfigError(f"model_path {run.cfg.model_path}: {e}") from None
 
 
+def start_rewards(cfg: Config, rows: list[dict]) -> RewardPool:
+    """The rank's reward pool, once it scored a known answer where the rows' rewards can fail on this rank's device
+    (tasks.preflight: the Triton reward's sandbox without CUDA, a reference over its time)."""
+    pool = reward_pool(cfg)
+    if problem := reward_preflight(pool, rows):
+        pool.close()
+        raise TrainingError(problem)
+    return pool
+
+
 def close_workers(run: Run) -> None:
     """Reward and tool workers, then the engine (before the process group goes)."""
     run.pool.close()
@@ -952,7 +959,7 @@ def train_rl(cfg: Config) -> None:
     o = cfg.overlong
     run.overlong = Overlong(cfg.max_response_len, o.buffer, o.filter, every_rank, o.penalty_factor) if o.buffer or o.filter else None
     run.episodes = start_episodes(run, rows + run.eval_rows)
-    run.pool, run.engine = reward_pool(cfg), start_engine(run)
+    run.pool, run.engine = start_rewards(cfg, rows + run.eval_rows), start_engine(run)
     run.scheduler = CoprisScheduler(
         n=cfg.n_samples, groups=cfg.batch_groups // run.eg.count, concurrency=cfg.copris.concurrency,
         max_response_len=cfg.max_response_len, temperature=cfg.temperature, top_p=cfg.top_p,
@@ -1034,7 +1041,7 @@ def run_eval(cfg: Config) -> None:
     run.eval_rows, skipped = tokenize_prompts(rows, run.tok, cfg.max_prompt_len, cfg.chat_template)
     counts = data_counts(run, "eval", len(rows), skipped, f"prompt over max_prompt_len={cfg.max_prompt_len}")
     run.episodes = start_episodes(run, run.eval_rows)
-    run.pool, run.engine = reward_pool(cfg), start_engine(run)
+    run.pool, run.engine = start_rewards(cfg, run.eval_rows), start_engine(run)
     try:
         metrics = {**evaluate(run, samples_out=run.run_dir / "eval_samples.jsonl"), **counts}
         if run.rank == 0:

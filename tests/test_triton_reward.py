@@ -413,6 +413,9 @@ for _ in range(22):
 torch.save({"error": "runtime_error", "detail": a}, "result.pt")
 os._exit(0)"""), {"early_exit"}),
     ("deep_directory_tree", relu_candidate(LAUNCH, """import os
+top = f"d{len(os.listdir('.'))}"    # a new tree each time the module runs (every further run of a case reloads it)
+os.mkdir(top)
+os.chdir(top)
 for _ in range(3000):
     os.mkdir("d")
     os.chdir("d")

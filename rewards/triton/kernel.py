@@ -12,11 +12,15 @@
            before its inputs existed); "" where there is none
 
 AutoTriton (SFT then GRPO): reward = is_triton(code) AND passes tests. `lint` decides is_triton; `execute` runs
-the reference (once per task, cached) and the candidate in two sandboxes (rewards/triton/harness.py), on inputs
-from seeds drawn per process and never shown to the candidate, and compares here (torch.allclose, atol = rtol =
-1e-4 fp32, 1e-2 fp16/bf16, exact for integers) after validating every field of the result file against the
-reference. On CPU the kernels run under TRITON_INTERPRET=1, a case as many times as its launches ask (program
-schedules, autotune configs: every run must match); on CUDA on the GPU, with the speedup.
+the reference (once per task, device and rank: `prepare` runs it before the pool job's clock, cached) and the
+candidate in two sandboxes (rewards/triton/harness.py), on inputs from seeds drawn per process and never shown to
+the candidate, and compares here (torch.allclose, atol = rtol = 1e-4 fp32, 1e-2 fp16/bf16, exact for integers)
+after validating every field of the result file against the reference. One verdict on every device: the checked
+run, the kernels under TRITON_INTERPRET=1 with a GPU's semantics put back (rewards/triton/gpu.py: schedules,
+races, bounds, visibility, garbage memory; a case as many times as its launches ask, every run must match). On a
+GPU node a kernel the checked run accepts also runs natively (the native run: sm_90 compile, outputs into
+garbage memory against the reference computed on the GPU, the timing and the speedup), under its own wall limit
+NATIVE_TIMEOUT_S; a failure there scores 0 with reason native_<reason>.
 
 The accepted language is described rule by rule in rewards/triton/language.py; rewards/triton/lint.py
 checks it.
@@ -33,11 +37,16 @@ Reason codes, in the order they are checked:
   of a launch still running waits in an atomic that no program will change; a GPU hangs); no_sandbox (no
   bwrap and no opt-out: rewards/sandbox.py); reference_error (the task's own code failed), sandbox_error; timeout,
   oom (the sandbox's memory cgroup), crash (killed by a signal, exited non-zero or wrote a malformed result),
-  early_exit (exited before writing a result, or SystemExit); compile_error (module import or Triton compilation
-  failed), oom, runtime_error; input_mutated, wrong_output; ok; reward_error (a failure of the reward itself: it
-  never raises).
+  early_exit (exited before writing a result, or SystemExit); harness_error (CUDA did not start in the sandbox);
+  compile_error (module import or Triton compilation failed), oom, runtime_error; input_mutated, wrong_output;
+  then on a GPU node the native run's native_<any of the candidate's reasons above>; ok; reward_error (a failure
+  of the reward itself: it never raises). tasks.NOT_SCORED: the reasons that say the reward could not look at
+  the candidate (the trainer counts them as reward failures, never as a score).
 """
 
+import contextlib
+import fcntl
+import hashlib
 import io
 import json
 import math
@@ -51,12 +60,18 @@ from collections import OrderedDict
 from rewards.code import extract_code
 from rewards.sandbox import refusal, run_python
 from rewards.triton.lint import lint
+from tasks import NOT_SCORED
 
 # (input seed, init seed) per case: drawn per process, never shown to the candidate, so neither its module
 # body nor __init__ can regenerate the inputs; the init seed alone is shared (it reproduces the reference's
 # parameters when ModelNew builds them in the same order)
 SEEDS = tuple((secrets.randbits(31), secrets.randbits(31)) for _ in range(3))
-REFERENCE_TIMEOUT_S = 120      # the task's own code: trusted to finish, run once per task and process
+REFERENCE_TIMEOUT_S = 120      # the task's own code: trusted to finish, run once per task, device and rank
+NATIVE_TIMEOUT_S = 20.0        # the native run's wall limit (GPU node): a kernel that hangs the GPU is killed with
+                               # its process well before the reward's and the tools' limits
+HARNESS_FAILED = 86            # the harness's exit code when CUDA did not start in the sandbox (harness.py)
+_CHECKED = {"device": "cpu", "checked": True, "time": False}      # the verdict's run, on every device
+_NATIVE = {"device": "cuda", "checked": False, "time": True}      # what a GPU node adds
 # harness.py, gpu.py and schedule.py run in the sandbox as the top-level modules triton_harness, triton_gpu and
 # triton_schedule (unique names beside whatever torch and triton import there)
 _HARNESS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "harness.py")
@@ -64,7 +79,7 @@ _GPU_PATH = os.path.join(os.path.dirname(_HARNESS_PATH), "gpu.py")      # the ha
 _SCHEDULE_PATH = os.path.join(os.path.dirname(_HARNESS_PATH), "schedule.py")    # triton_gpu imports it
 _SCRIPT = "import triton_harness; triton_harness.main()"
 _REF_CACHE_SIZE = 256
-_ref_cache: "OrderedDict[tuple, dict]" = OrderedDict()   # (reference_code, device) -> parsed ref.pt
+_ref_cache: "OrderedDict[tuple, tuple]" = OrderedDict()  # (reference_code, device) -> (entry, problem)
 _ref_lock = threading.Lock()                              # rewards.triton.eval scores from threads
 
 _TOLERANCE = {"float16": 1e-2, "bfloat16": 1e-2}   # atol = rtol by output dtype; other floats 1e-4
@@ -91,16 +106,41 @@ def _sandbox(files: dict, job: dict, timeout_s: float, out: str, stdin: bytes = 
 
 
 def _reference(reference_code: str, device: str) -> tuple:
-    """(reference entry, None) for the task's reference, cached per (code, device); (None, why) on failure.
+    """(reference entry, None) for the task's reference, or (None, why) when it failed; computed once per (code,
+    device) and cached, failures included, in this process and, in a reward pool's workers, in the pool's shared
+    directory (one computation per rank: a worker that finds another computing it waits for its file).
     entry: {"cases": ref.pt cases, "ms": float | None, "stdin": the candidate's stdin (inputs, init inputs,
     parameters, init seeds)}."""
     import torch
+    from rewards.pool import SHARED_DIR_ENV
     key = (reference_code, device)
     with _ref_lock:
         if key in _ref_cache:
             _ref_cache.move_to_end(key)
-            return _ref_cache[key], None
-    job = {"role": "reference", "device": device, "time": device == "cuda",
+            return _ref_cache[key]
+    shared = os.environ.get(SHARED_DIR_ENV)
+    path = shared and os.path.join(shared, f"ref-{device}-{hashlib.sha256(reference_code.encode()).hexdigest()}")
+    with open(path + ".lock", "w") if path else contextlib.nullcontext() as lock:
+        if lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        if path and os.path.exists(path + ".pt"):      # written by this pool's workers only (out of the sandbox's reach)
+            found = tuple(torch.load(path + ".pt", weights_only=True))
+        else:
+            found = _run_reference(reference_code, device)
+            if path:
+                torch.save(list(found), path + ".tmp")
+                os.replace(path + ".tmp", path + ".pt")
+    with _ref_lock:
+        _ref_cache[key] = found
+        if len(_ref_cache) > _REF_CACHE_SIZE:
+            _ref_cache.popitem(last=False)
+    return found
+
+
+def _run_reference(reference_code: str, device: str) -> tuple:
+    """The reference's sandbox run: (entry, None) or (None, why)."""
+    import torch
+    job = {"role": "reference", "device": device, "checked": False, "time": device == "cuda",
            "cases": [{"input_seed": i, "init_seed": s} for i, s in SEEDS]}
     res, blob = _sandbox({"reference.py": reference_code}, job, REFERENCE_TIMEOUT_S, "ref.pt")
     try:
@@ -113,12 +153,14 @@ def _reference(reference_code: str, device: str) -> tuple:
     torch.save({"cases": [{"init_seed": s, "init_inputs": c["init_inputs"], "state": c["state"]}
                           for (_, s), c in zip(SEEDS, ref["cases"])],
                 "inputs": [_as_bytes_tensor(c["inputs"]) for c in ref["cases"]]}, stdin)
-    entry = {"cases": ref["cases"], "ms": ref["ms"], "stdin": stdin.getvalue()}
-    with _ref_lock:
-        _ref_cache[key] = entry
-        if len(_ref_cache) > _REF_CACHE_SIZE:
-            _ref_cache.popitem(last=False)
-    return entry, None
+    return {"cases": ref["cases"], "ms": ref["ms"], "stdin": stdin.getvalue()}, None
+
+
+def prepare(row: dict) -> None:
+    """A pool worker's preparation of a Triton row (tasks.prepare_row, before the job's clock starts): the reference
+    on every device the candidate will run on, so the job's limit is the candidate's alone."""
+    for device in {_CHECKED["device"], _device()}:
+        _reference(row["reference_code"], device)
 
 
 def _as_bytes_tensor(value):
@@ -303,17 +345,34 @@ def _compare_run(case: dict, outs: list, after: dict, where: str) -> tuple:
 
 
 def execute(code: str, task: dict, timeout_s: float = 60.0) -> tuple:
-    """Run code's ModelNew against task["reference_code"] in the sandbox, no linting. Returns (score, info)."""
-    device = _device()
-    ref, problem = _reference(task["reference_code"], device)
+    """Run code's ModelNew against task["reference_code"] in the sandbox, no linting. Returns (score, info): the
+    checked run's verdict, and on a GPU node the native run's where the checked run accepted the kernel (module
+    docstring; a native failure is reason native_<reason>, or a NOT_SCORED reason as it is)."""
+    score, info = _run(code, task, _CHECKED, timeout_s)
+    if score and _device() == "cuda":
+        native_score, native = _run(code, task, _NATIVE, min(timeout_s, NATIVE_TIMEOUT_S))
+        if not native_score:
+            reason = native["reason"]
+            return 0.0, {**native, "reason": reason if reason in NOT_SCORED else f"native_{reason}"}
+        info["not_enforced"] = sorted({*info["not_enforced"], *native["not_enforced"]})
+        if "speedup" in native:
+            info["speedup"] = native["speedup"]
+    return score, info
+
+
+def _run(code: str, task: dict, job: dict, timeout_s: float) -> tuple:
+    """(score, info) of one candidate sandbox run (the checked or the native job) against the reference on the
+    job's device."""
+    ref, problem = _reference(task["reference_code"], job["device"])
     if problem:
-        return 0.0, {"reason": "reference_error", "detail": problem}
-    job = {"role": "candidate", "device": device, "time": device == "cuda"}
-    res, blob = _sandbox({"candidate.py": code}, job, timeout_s, "result.bin", stdin=ref["stdin"],
-                         fsize_mb=_result_mb(ref["cases"]))
+        return 0.0, {"reason": "reference_error", "detail": problem, "not_enforced": []}
+    res, blob = _sandbox({"candidate.py": code}, {"role": "candidate", **job}, timeout_s, "result.bin",
+                         stdin=ref["stdin"], fsize_mb=_result_mb(ref["cases"]))
     info = {"not_enforced": list(res.not_enforced)}
     if res.status in ("timeout", "sandbox_error", "oom"):
         return 0.0, {**info, "reason": res.status, "detail": res.stderr[-500:]}
+    if res.status == "exit_nonzero" and res.returncode == HARNESS_FAILED and blob is None:
+        return 0.0, {**info, "reason": "harness_error", "detail": res.stderr[-500:]}
     if blob is None:
         reason = "early_exit" if res.status == "ok" else "crash"
         return 0.0, {**info, "reason": reason, "detail": f"{res.status} {res.signal or res.returncode}: "
@@ -327,6 +386,23 @@ def execute(code: str, task: dict, timeout_s: float = 60.0) -> tuple:
     if reason == "ok" and result["ms"] and ref["ms"]:
         info["speedup"] = ref["ms"] / result["ms"]
     return (1.0 if reason == "ok" else 0.0), info
+
+
+def preflight(score) -> str | None:
+    """Why the Triton reward cannot score on this rank, or None: the GPU in a mode its sandboxes cannot share
+    (sandbox.gpu_problem), or a shipped solution (relu) that does not score 1.0 through `score` ([(row, completion)]
+    -> [(score, info)]: the rank's reward pool, with its workers' environment, device and limits): a sandbox that
+    cannot start CUDA, a reference or a candidate over its time would otherwise train on zeros."""
+    from data.triton_tasks import load_tasks
+    from rewards.sandbox import gpu_problem
+    problem = _device() == "cuda" and gpu_problem()
+    if problem:
+        return problem
+    task = next(t for t in load_tasks() if t["name"] == "relu")
+    [(reward, info)] = score([({"task": "triton", "reference_code": task["reference_code"], "_where": "preflight"},
+                               f"```python\n{task['solution']}```")])
+    return None if reward == 1.0 else (f"the Triton reward's preflight: the shipped relu solution scored {reward} on "
+                                       f"this rank ({info.get('reason')}: {str(info.get('detail', ''))[-300:]})")
 
 
 def triton_reward(completion: str, task: dict, timeout_s: float = 60.0) -> tuple:
