@@ -36,7 +36,9 @@ from rewards.triton import kernel as triton_kernel  # noqa: E402
 TIMED = '''
 import time as _time
 import triton_gpu
+import triton_memory
 _SPENT = {"compile": 0.0, "race": 0.0}
+_MEMORY = triton_gpu if hasattr(triton_gpu, "Programs") else triton_memory   # a --base checkout before the split
 
 
 def _timed(cls, name, key):
@@ -52,8 +54,8 @@ def _timed(cls, name, key):
 
 
 _timed(triton_gpu.GpuCompiler, "problem", "compile")
-_timed(triton_gpu.Programs, "record", "race")
-_timed(triton_gpu.Programs, "finish", "race")
+_timed(_MEMORY.Programs, "record", "race")
+_timed(_MEMORY.Programs, "finish", "race")
 _timed(_Candidate, "run", "run")
 _run = _Candidate.run
 
@@ -68,7 +70,7 @@ _Candidate.run = _report
 '''
 NO_COMPILE = "\nimport triton_gpu\ntriton_gpu.GpuCompiler.__init__ = lambda self, text, load: None\n" \
     "triton_gpu.GpuCompiler.problem = lambda self, *args: None\n"
-NO_RACE = "\nimport triton_gpu\ntriton_gpu.hook_programs = lambda programs: None\n"
+NO_RACE = "\nimport triton_memory\ntriton_memory.hook_programs = lambda programs: None\n"
 VARIANTS = {"shipped": "", "no_compile": NO_COMPILE, "no_race": NO_RACE, "neither": NO_COMPILE + NO_RACE}
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from data.triton_tasks import load_tasks
 from rewards.sandbox import bwrap_problem, running_sandboxes
-from rewards.triton.gpu import Programs, _first_clash
+from rewards.triton.memory import Programs, _first_clash
 from rewards.triton.kernel import lint, triton_reward
 from triton_corpus.gpu_rules import ATTACKS, HONEST
 

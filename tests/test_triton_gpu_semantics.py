@@ -314,7 +314,7 @@ def test_visibility_rule_lanes_barriers_and_programs():
     (program order), is not."""
     from types import SimpleNamespace as Handle
     import numpy as np
-    from rewards.triton.gpu import Visibility, _bytes
+    from rewards.triton.memory import Visibility, _bytes
 
     def access(v, kind, program, addresses, mask=None, values=None):
         ptrs = Handle(data=np.array(addresses, np.uint64), get_element_ty=lambda: Handle(primitive_bitwidth=32))

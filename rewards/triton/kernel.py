@@ -72,11 +72,12 @@ NATIVE_TIMEOUT_S = 20.0        # the native run's wall limit (GPU node): a kerne
 HARNESS_FAILED = 86            # the harness's exit code when CUDA did not start in the sandbox (harness.py)
 _CHECKED = {"device": "cpu", "checked": True, "time": False}      # the verdict's run, on every device
 _NATIVE = {"device": "cuda", "checked": False, "time": True}      # what a GPU node adds
-# harness.py, gpu.py and schedule.py run in the sandbox as the top-level modules triton_harness, triton_gpu and
-# triton_schedule (unique names beside whatever torch and triton import there)
+# harness.py, gpu.py, memory.py and schedule.py run in the sandbox as the top-level modules triton_harness,
+# triton_gpu, triton_memory and triton_schedule (unique names beside whatever torch and triton import there)
 _HARNESS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "harness.py")
 _GPU_PATH = os.path.join(os.path.dirname(_HARNESS_PATH), "gpu.py")      # the harness imports it
 _SCHEDULE_PATH = os.path.join(os.path.dirname(_HARNESS_PATH), "schedule.py")    # triton_gpu imports it
+_MEMORY_PATH = os.path.join(os.path.dirname(_HARNESS_PATH), "memory.py")        # triton_gpu imports it
 _SCRIPT = "import triton_harness; triton_harness.main()"
 _REF_CACHE_SIZE = 256
 _ref_cache: "OrderedDict[tuple, tuple]" = OrderedDict()  # (reference_code, device) -> (entry, problem)
@@ -95,7 +96,7 @@ def _sandbox(files: dict, job: dict, timeout_s: float, out: str, stdin: bytes = 
     most fsize_mb MiB. Returns (SandboxResult, bytes of `out` or None)."""
     shipped = {}
     for name, path in (("triton_harness.py", _HARNESS_PATH), ("triton_gpu.py", _GPU_PATH),
-                       ("triton_schedule.py", _SCHEDULE_PATH)):
+                       ("triton_schedule.py", _SCHEDULE_PATH), ("triton_memory.py", _MEMORY_PATH)):
         with open(path) as f:
             shipped[name] = f.read()
     device = job["device"]

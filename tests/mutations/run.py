@@ -247,7 +247,7 @@ MUTANTS = [
     ("a tuned kernel's choosing run resets reset_to_zero's arguments", "rewards/triton/gpu.py",
      "hook, self.pre_hook = self.pre_hook, lambda *_, **__: None", "hook = self.pre_hook",
      ["tests/test_triton_schedules.py", "-k", "no_reset_to_zero"]),
-    ("two lanes storing different values to one byte pass", "rewards/triton/gpu.py",
+    ("two lanes storing different values to one byte pass", "rewards/triton/memory.py",
      "differ = np.minimum.reduceat(b, first) != np.maximum.reduceat(b, first)", "differ = np.zeros(len(first), bool)",
      ["tests/test_triton_gpu_semantics.py", "-k", "one_byte"]),
 ]
