@@ -503,7 +503,7 @@ def remove_tree(path: str) -> None:
 def run_python(script: str, files: dict | None = None, *, timeout_s: float = 60.0, cpu_s: int | None = None,
                mem_mb: int = 4096, nproc: int = 64, fsize_mb: int = 64, tmp_mb: int = 64, disk_mb: int = 128,
                max_output: int = 1 << 16, read_back: tuple = (), env: dict | None = None, stdin: bytes | str = "",
-               pass_fds: tuple = (), gpu: bool = False, use_bwrap: bool = True) -> SandboxResult:
+               pass_fds: tuple = (), gpu: bool = False, use_bwrap: bool = True, wrapper: tuple = ()) -> SandboxResult:
     """Run `script` (Python source) with the current interpreter in a fresh scratch directory (its cwd).
 
     files: {plain file name: str | bytes} the script can read (read-only under bwrap); a name with a "/"
@@ -520,7 +520,8 @@ def run_python(script: str, files: dict | None = None, *, timeout_s: float = 60.
     gpu: expose /dev/nvidia* (nvidia-caps: MIG) and /sys, limit the data segment instead of the address space, show
         CUDA only this rank's device (rank_gpu_env: its "cuda" is the rank's GPU, not GPU 0), and pass the loader
         variables _GPU_ENV with the directories they name (_gpu_dirs);
-    use_bwrap: False forces the fallback without bwrap (tests use it)."""
+    use_bwrap: False forces the fallback without bwrap (tests use it); wrapper: a trusted program (and its
+        arguments) the interpreter runs under, inside the sandbox (compute-sanitizer)."""
     t0 = time.monotonic()
     timeout_s = inner_limit(timeout_s)
     problem = bwrap_problem() if use_bwrap else "bwrap disabled by the caller"
@@ -571,10 +572,10 @@ def run_python(script: str, files: dict | None = None, *, timeout_s: float = 60.
                                 "as root, RLIMIT_NPROC does not bind it")
         if uid is not None:     # fresh uid: RLIMIT_NPROC counts only this sandbox, nothing outside is writable
             enforced.append("fresh uid, all its processes killed after the run")
-            cmd += [sys.executable, "-c", _DROP_AND_RUN, str(uid), _MAIN]
+            cmd += [*wrapper, sys.executable, "-c", _DROP_AND_RUN, str(uid), _MAIN]
             limit = nproc
         else:
-            cmd += [sys.executable, _MAIN]
+            cmd += [*wrapper, sys.executable, _MAIN]
             limit = _tasks_of_uid(os.getuid()) + nproc
         run_env = {"PATH": "/usr/bin:/bin", "HOME": home, "USER": "sandbox", "LANG": "C.UTF-8",
                    "TMPDIR": "/tmp" if problem is None else host, "PYTHONDONTWRITEBYTECODE": "1",

@@ -61,16 +61,18 @@ def test_the_gpu_branch_keeps_every_verdict(gpu_branch, cid, task, code, reason,
 
 def test_execute_on_a_gpu_node_says_which_run_failed(monkeypatch):
     """Pure logic (fake runs): the native run only after the checked run accepted; its failure is native_<reason>,
-    a reason that says the reward did not look stays as it is; the native speedup is reported."""
+    a reason that says the reward did not look stays as it is; the native speedup is reported; where
+    compute-sanitizer is installed each of its tools is one more native run, its finding native_<tool>."""
     calls = []
 
     def fake_run(verdicts):
-        def run(code, task, job, timeout_s):
-            calls.append(job["checked"])
-            return verdicts[job["checked"]]
+        def run(code, task, job, timeout_s, wrapper=(), tool=None):
+            calls.append(tool or job["checked"])
+            return verdicts.get(tool, verdicts[job["checked"]])
         return run
     ok = (1.0, {"reason": "ok", "not_enforced": ["a"]})
     monkeypatch.setattr(kernel, "_device", lambda: "cuda")
+    monkeypatch.setattr(kernel, "_sanitizer", lambda: None)
     for native, expected in [((0.0, {"reason": "wrong_output", "not_enforced": []}), (0.0, "native_wrong_output")),
                              ((0.0, {"reason": "timeout", "not_enforced": []}), (0.0, "native_timeout")),
                              ((0.0, {"reason": "harness_error", "not_enforced": []}), (0.0, "harness_error")),
@@ -78,7 +80,13 @@ def test_execute_on_a_gpu_node_says_which_run_failed(monkeypatch):
         monkeypatch.setattr(kernel, "_run", fake_run({True: ok, False: native}))
         score, info = execute("code", {"reference_code": ""})
         assert (score, info["reason"]) == expected, info
-    assert info["speedup"] == 2.5 and info["not_enforced"] == ["a", "b"]
+    assert info["speedup"] == 2.5 and info["not_enforced"][:2] == ["a", "b"]
+    assert "compute-sanitizer (memcheck, initcheck): not installed" in info["not_enforced"]
+    monkeypatch.setattr(kernel, "_sanitizer", lambda: "/opt/cuda/bin/compute-sanitizer")
+    calls.clear()
+    monkeypatch.setattr(kernel, "_run", fake_run({True: ok, False: ok, "initcheck": (0.0, {"reason": "initcheck"})}))
+    assert execute("code", {"reference_code": ""})[1]["reason"] == "native_initcheck"
+    assert calls == [True, False, "memcheck", "initcheck"]
     calls.clear()
     monkeypatch.setattr(kernel, "_run", fake_run({True: (0.0, {"reason": "race"}), False: ok}))
     assert execute("code", {"reference_code": ""})[1]["reason"] == "race" and calls == [True]
@@ -99,6 +107,18 @@ def test_a_sandbox_without_cuda_is_a_harness_error(monkeypatch):
                                                                         "time": False}, 60)
     assert (score, info["reason"]) == (0.0, "harness_error") and "CUDA did not start" in info["detail"], info
     assert "harness_error" in NOT_SCORED and "reference_error" in NOT_SCORED
+
+
+@needs_bwrap
+def test_a_sanitizer_wraps_the_interpreter_and_its_finding_is_the_reason():
+    """The native run under a wrapper (compute-sanitizer on a GPU node; here a shell that runs the interpreter, then
+    exits as a sanitizer that found an error does, or as it was)."""
+    relu = TASKS["relu"]
+    quiet = ("/bin/sh", "-c", '"$@"', "sh")
+    found = ("/bin/sh", "-c", f'"$@"; exit {kernel.SANITIZER_FOUND}', "sh")
+    assert kernel._run(relu["solution"], relu, STAND_IN, 60, quiet, "memcheck")[1]["reason"] == "ok"
+    score, info = kernel._run(relu["solution"], relu, STAND_IN, 60, found, "memcheck")
+    assert (score, info["reason"]) == (0.0, "memcheck"), info
 
 
 @needs_bwrap

@@ -53,6 +53,7 @@ import math
 import os
 import re
 import secrets
+import shutil
 import threading
 import time
 from collections import OrderedDict
@@ -70,6 +71,8 @@ REFERENCE_TIMEOUT_S = 120      # the task's own code: trusted to finish, run onc
 NATIVE_TIMEOUT_S = 20.0        # the native run's wall limit (GPU node): a kernel that hangs the GPU is killed with
                                # its process well before the reward's and the tools' limits
 HARNESS_FAILED = 86            # the harness's exit code when CUDA did not start in the sandbox (harness.py)
+SANITIZER_FOUND = 87           # compute-sanitizer's exit code when its tool found an error (--error-exitcode)
+SANITIZER_TOOLS = ("memcheck", "initcheck")     # each a native run of its own where compute-sanitizer is installed
 _CHECKED = {"device": "cpu", "checked": True, "time": False}      # the verdict's run, on every device
 _NATIVE = {"device": "cuda", "checked": False, "time": True}      # what a GPU node adds
 # harness.py, gpu.py, memory.py and schedule.py run in the sandbox as the top-level modules triton_harness,
@@ -91,9 +94,10 @@ def _device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _sandbox(files: dict, job: dict, timeout_s: float, out: str, stdin: bytes = b"", fsize_mb: int = 64):
+def _sandbox(files: dict, job: dict, timeout_s: float, out: str, stdin: bytes = b"", fsize_mb: int = 64,
+             wrapper: tuple = ()):
     """Run the harness for `job` with `files` in its scratch dir, files it writes (and `out` read back here) at
-    most fsize_mb MiB. Returns (SandboxResult, bytes of `out` or None)."""
+    most fsize_mb MiB, under `wrapper` (a sanitizer) if given. Returns (SandboxResult, bytes of `out` or None)."""
     shipped = {}
     for name, path in (("triton_harness.py", _HARNESS_PATH), ("triton_gpu.py", _GPU_PATH),
                        ("triton_schedule.py", _SCHEDULE_PATH), ("triton_memory.py", _MEMORY_PATH)):
@@ -102,7 +106,8 @@ def _sandbox(files: dict, job: dict, timeout_s: float, out: str, stdin: bytes = 
     device = job["device"]
     env = {"TRITON_INTERPRET": "1"} if device == "cpu" else {}  # gpu: run_python shows the rank's GPU alone
     res = run_python(_SCRIPT, {**files, **shipped, "job.json": json.dumps(job)}, stdin=stdin,
-                     timeout_s=timeout_s, env=env, gpu=device == "cuda", read_back=(out,), fsize_mb=fsize_mb)
+                     timeout_s=timeout_s, env=env, gpu=device == "cuda", read_back=(out,), fsize_mb=fsize_mb,
+                     wrapper=wrapper)
     return res, res.files.get(out)
 
 
@@ -350,30 +355,46 @@ def execute(code: str, task: dict, timeout_s: float = 60.0) -> tuple:
     checked run's verdict, and on a GPU node the native run's where the checked run accepted the kernel (module
     docstring; a native failure is reason native_<reason>, or a NOT_SCORED reason as it is)."""
     score, info = _run(code, task, _CHECKED, timeout_s)
-    if score and _device() == "cuda":
-        native_score, native = _run(code, task, _NATIVE, min(timeout_s, NATIVE_TIMEOUT_S))
+    if not score or _device() != "cuda":
+        return score, info
+    sanitizer = _sanitizer()
+    for tool in (None, *(SANITIZER_TOOLS if sanitizer else ())):
+        wrapper = (sanitizer, "--tool", tool, "--error-exitcode", str(SANITIZER_FOUND), "--print-limit", "3") \
+            if tool else ()
+        native_score, native = _run(code, task, _NATIVE, min(timeout_s, NATIVE_TIMEOUT_S), wrapper, tool)
         if not native_score:
             reason = native["reason"]
             return 0.0, {**native, "reason": reason if reason in NOT_SCORED else f"native_{reason}"}
         info["not_enforced"] = sorted({*info["not_enforced"], *native["not_enforced"]})
-        if "speedup" in native:
+        if "speedup" in native and not tool:
             info["speedup"] = native["speedup"]
+    if not sanitizer:
+        info["not_enforced"].append("compute-sanitizer (memcheck, initcheck): not installed")
     return score, info
 
 
-def _run(code: str, task: dict, job: dict, timeout_s: float) -> tuple:
-    """(score, info) of one candidate sandbox run (the checked or the native job) against the reference on the
-    job's device."""
+def _sanitizer() -> str | None:
+    """NVIDIA's compute-sanitizer on PATH or under CUDA_HOME, else None."""
+    found = shutil.which("compute-sanitizer")
+    home = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "compute-sanitizer")
+    return found or (home if os.access(home, os.X_OK) else None)
+
+
+def _run(code: str, task: dict, job: dict, timeout_s: float, wrapper: tuple = (), tool: str | None = None) -> tuple:
+    """(score, info) of one candidate sandbox run (the checked or the native job, under `wrapper`: compute-sanitizer
+    with `tool`) against the reference on the job's device; a sanitizer's finding is reason `tool`."""
     ref, problem = _reference(task["reference_code"], job["device"])
     if problem:
         return 0.0, {"reason": "reference_error", "detail": problem, "not_enforced": []}
     res, blob = _sandbox({"candidate.py": code}, {"role": "candidate", **job}, timeout_s, "result.bin",
-                         stdin=ref["stdin"], fsize_mb=_result_mb(ref["cases"]))
+                         stdin=ref["stdin"], fsize_mb=_result_mb(ref["cases"]), wrapper=wrapper)
     info = {"not_enforced": list(res.not_enforced)}
     if res.status in ("timeout", "sandbox_error", "oom"):
         return 0.0, {**info, "reason": res.status, "detail": res.stderr[-500:]}
     if res.status == "exit_nonzero" and res.returncode == HARNESS_FAILED and blob is None:
         return 0.0, {**info, "reason": "harness_error", "detail": res.stderr[-500:]}
+    if tool and res.status == "exit_nonzero" and res.returncode == SANITIZER_FOUND:
+        return 0.0, {**info, "reason": tool, "detail": (res.stdout + res.stderr)[-500:]}
     if blob is None:
         reason = "early_exit" if res.status == "ok" else "crash"
         return 0.0, {**info, "reason": reason, "detail": f"{res.status} {res.signal or res.returncode}: "
