@@ -155,12 +155,14 @@ class Config:
     steps: int = 100  # RL steps, or SFT optimizer steps when sft_epochs is 0
     lr: float = 1e-6  # AdamW learning rate (peak)
     weight_decay: float = 0.0  # AdamW weight decay
-    warmup_steps: int = 0  # linear warmup, then lr_schedule
+    warmup_steps: int = 0  # linear warmup over this many `steps`, then lr_schedule
     lr_schedule: Literal["auto", "constant", "linear", "cosine"] = "auto"  # after warmup: linear / cosine decay to
-    # 10% of lr at the last step; auto = constant (RL), cosine (SFT)
+    # 10% of lr at the last step; auto = constant (RL), cosine (SFT). It advances once per RL step (verl's unit:
+    # every pass and mini-batch of a step take its lr) and once per SFT optimizer step
     grad_clip: float = 1.0  # max global grad norm
     token_budget: int = 8192  # micro-batch size in real tokens (rows packed, no padding; a shared prompt counts once)
-    mini_batches: int = 1  # optimizer steps per pass over an RL batch (1 = on-policy up to partial rollout)
+    mini_batches: int = 1  # optimizer steps per pass over an RL batch (1 = on-policy up to partial rollout); split
+    # evenly, at most the rows a rank trains per step (batch_groups / ranks x n_samples)
     ppo_epochs: int = 1  # passes over each RL batch (TRL num_iterations, verl ppo_epochs); later ones reshuffled
     advantage: Literal["grpo", "rloo"] = "grpo"  # group baseline (PRIME, when on, replaces it)
     scale_std: Literal["group", "batch", "none"] = "group"  # GRPO: divide by the std of the group's or batch's rewards
@@ -304,7 +306,8 @@ class Run:
 
 
 def optimizer_step(run: Run) -> tuple[float, bool]:
-    """Clip, check finite, step. -> (grad norm, applied). A non-finite grad skips the update."""
+    """Clip, check finite, step (not the LR schedule: once per RL step). -> (grad norm, applied). A non-finite grad
+    skips the update."""
     norm = clip_grad_norm(run.policy, run.cfg.grad_clip)
     applied = math.isfinite(norm)
     if applied:
@@ -319,7 +322,6 @@ def optimizer_step(run: Run) -> tuple[float, bool]:
                                 f"gradient norm ({norm}); stopping. Lower lr, check the data, or resume from "
                                 f"the last checkpoint with different settings.")
     run.optim.zero_grad(set_to_none=True)
-    run.sched.step()
     return norm, applied
 
 
@@ -552,11 +554,11 @@ def policy_update(run: Run, rows: list[Row]) -> dict:
     grad_norm: means over the step's trained tokens of every pass (loss and grad_norm: over optimizer steps)."""
     cfg = run.cfg
     sums = dict.fromkeys(("loss", "clip_frac", "approx_kl", "entropy", "tokens", "grad_norm"), 0.0)
-    ratio_max, per_mini, steps = 0.0, math.ceil(len(rows) / cfg.mini_batches), cfg.ppo_epochs * cfg.mini_batches
+    ratio_max, steps = 0.0, cfg.ppo_epochs * cfg.mini_batches
     for e, m in itertools.product(range(cfg.ppo_epochs), range(cfg.mini_batches)):  # passes x mini-batches
         if e > 0 and m == 0:  # pass 1 in rollout order; later ones reshuffled by torch's generator (checkpointed)
             rows = [rows[i] for i in torch.randperm(len(rows)).tolist()]
-        mini = rows[m * per_mini:(m + 1) * per_mini]
+        mini = rows[m * len(rows) // cfg.mini_batches:(m + 1) * len(rows) // cfg.mini_batches]  # sizes differ by <= 1
         w = loss_weights(run, mini)
         for mb in micro_batches(mini, cfg.token_budget, run.device):
             batch = [mini[i] for i in mb] or [DUMMY]
@@ -577,6 +579,7 @@ def policy_update(run: Run, rows: list[Row]) -> dict:
             sums["loss"] += loss.item() / run.world / steps
             ratio_max = max(ratio_max, s["ratio_max"])
         sums["grad_norm"] += optimizer_step(run)[0] / steps
+    run.sched.step()  # once per RL step, whatever ppo_epochs x mini_batches
     loss, clip, kl, ent, n = all_sum([sums[k] for k in ("loss", "clip_frac", "approx_kl", "entropy", "tokens")],
                                      run.device)
     return {"loss": loss, "clip_frac": clip / max(n, 1), "approx_kl": kl / max(n, 1), "entropy": ent / max(n, 1),
@@ -989,6 +992,7 @@ def sft_step(run: Run, step: int) -> dict:
         loss.backward()
         loss_sum += loss.item() / run.world
     lr, (norm, _) = run.sched.get_last_lr()[0], optimizer_step(run)  # the lr this step used
+    run.sched.step()
     return {"step": step, "sft_loss": all_sum([loss_sum], run.device)[0], "grad_norm": norm, "lr": lr}
 
 

@@ -250,6 +250,14 @@ MUTANTS = [
     ("two lanes storing different values to one byte pass", "rewards/triton_gpu.py",
      "differ = np.minimum.reduceat(b, first) != np.maximum.reduceat(b, first)", "differ = np.zeros(len(first), bool)",
      ["tests/test_triton_gpu_semantics.py", "-k", "one_byte"]),
+    # porting a TRL or verl job (issue 53)
+    ("LR schedule advances per optimizer step (ends after 1 / (ppo_epochs x mini_batches) of the run)", "trainer.py",
+     "    run.optim.zero_grad(set_to_none=True)\n", "    run.optim.zero_grad(set_to_none=True)\n    run.sched.step()\n",
+     ["tests/test_ppo_epochs.py", "-k", "cosine"]),
+    ("mini-batches of ceil(rows / M) rows (the last ones empty)", "trainer.py",
+     "mini = rows[m * len(rows) // cfg.mini_batches:(m + 1) * len(rows) // cfg.mini_batches]",
+     "mini = rows[m * -(-len(rows) // cfg.mini_batches):(m + 1) * -(-len(rows) // cfg.mini_batches)]",
+     ["tests/test_ppo_epochs.py", "-k", "evenly"]),
 ]
 
 
