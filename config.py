@@ -437,7 +437,7 @@ def check_day_one(cfg) -> None:
     if cfg.reward.funcs or cfg.reward.weights:
         from rewards.user import SpecError, parse
         try:
-            parse(cfg.reward.funcs, cfg.reward.weights, cfg.reward.sandbox)
+            parse(cfg.reward.funcs, cfg.reward.weights)
         except SpecError as e:
             raise ConfigError(str(e)) from None
     if cfg.reward.sandbox and cfg.reward.funcs:

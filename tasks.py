@@ -101,7 +101,7 @@ def env_of(row: dict) -> str | None:
     return task.env if task else None
 
 
-def prepare_row(row: dict, completion: str, messages=None) -> None:
+def prepare_row(row: dict, completion: str, ctx=None) -> None:
     """Import the row's reward module (math-verify and sympy: seconds on a busy machine): a pool worker calls this
     before the job's wall limit starts (rewards/pool.py), so the import is not counted as scoring time."""
     task = TASKS.get(row.get("task", "math"))
@@ -109,8 +109,8 @@ def prepare_row(row: dict, completion: str, messages=None) -> None:
         importlib.import_module(task.module)
 
 
-def score_row(row: dict, completion: str, messages=None) -> tuple[float, dict]:
-    """Reward of one completion for one data row, by row["task"] (an episode's messages are for rewards/user.py)."""
+def score_row(row: dict, completion: str, ctx=None) -> tuple[float, dict]:
+    """Reward of one completion for one data row, by row["task"] (ctx, the job's context, is for rewards/user.py)."""
     task = row.get("task", "math")
     if task not in TASKS:
         return 0.0, {"reason": "unknown_task", "task": str(task)}

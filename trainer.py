@@ -53,7 +53,7 @@ from rewards.advantages import Overlong, accuracy_filter, grpo_advantages, rloo_
 from rewards.pool import RewardPool
 from rewards.prime import Prime
 from rewards.sandbox import SandboxUnavailable, require_isolation
-from rewards.user import component_metrics, messages_of, reward_pool
+from rewards.user import component_metrics, context, reward_pool
 from tasks import UNTRUSTED_TASKS, env_of
 from rollout import mismatch
 from rollout.copris import CoprisScheduler, Trajectory
@@ -344,7 +344,7 @@ def rl_step(run: Run, step: int) -> dict:
     mem.now("asleep")
     with t("reward"):  # 4. one reward per sample, (B,) in group order (a group filter scored them already)
         rewards, reasons = score_groups(run, groups)
-    stop_if_rewards_failed(run, groups)
+    stop_if_rewards_failed(run, step, groups)
     trajs = [tr for g in groups for tr in g.samples]
     with t("rank_wait"):  # the ranks meet: the time this rank waits for the slowest one's rollout and reward
         dist.barrier()
@@ -410,8 +410,9 @@ def score_groups(run: Run, groups, eg: EngineGroup | None = None) -> tuple[torch
     """Score every sample not yet scored (one pool call); -> rewards (B,) in group order, reason counts. eg: groups
     the engine group's ranks all hold (in collect): each scores 1/t of the samples, all-gathered (scored once)."""
     todo = [g for g in groups if g.scores is None]
-    flat = shared_map([(g.row, model_text(run.tok, t), *([messages_of(g.row, episode_turns(run.tok, t))] if t.env else []))
-                       for g in todo for t in g.samples], run.pool.score, eg)  # an episode's messages: reward.funcs
+    flat = shared_map([(g.row, model_text(run.tok, t), context(g.row, t.env and episode_turns(run.tok, t), t.tokens,
+                                                               run.policy_version, run.cfg))
+                       for g in todo for t in g.samples], run.pool.score, eg)  # context: for reward.funcs
     for i, g in enumerate(todo):
         g.scores = flat[i * len(g.samples):(i + 1) * len(g.samples)]
     reasons: dict[str, int] = {}
@@ -421,13 +422,14 @@ def score_groups(run: Run, groups, eg: EngineGroup | None = None) -> tuple[torch
     return torch.tensor([sc for g in groups for sc, _ in g.scores], dtype=torch.float32), reasons
 
 
-REWARD_FAILURES = ("error", "reward_error", "bad_answer")  # the scorer itself failed, or the row's answer is unusable
-
-
-def stop_if_rewards_failed(run: Run, groups) -> None:
-    """A step in which every sample's reward failed (on every rank) is a data or code bug, not a score: stop with the
+def stop_if_rewards_failed(run: Run, step: int, groups) -> None:
+    """Print one line (rank 0: console and train.log) when some reward of the step failed (report.failure_line). A
+    step in which every sample's reward failed (on every rank) is a data or code bug, not a score: stop with the
     first failure and its data row rather than train on all-zero rewards."""
-    failed = [(g.row, info) for g in groups for _, info in g.scores if info["reason"] in REWARD_FAILURES]
+    line = report.failure_line(step, all_gather_list([report.reward_failures([i for g in groups for _, i in g.scores])]))
+    if line:
+        report.say(run.rank, line)
+    failed = [(g.row, info) for g in groups for _, info in g.scores if info["reason"] in report.REWARD_FAILURES]
     n_failed, n = all_sum([len(failed), sum(len(g.scores) for g in groups)], run.device)
     if n and n_failed == n:
         row, info = failed[0] if failed else ({}, {})
@@ -678,7 +680,7 @@ def evaluate(run: Run, samples_out: Path | None = None) -> dict:
     texts = [c[0] for i in range(eg.member, len(rows), eg.size) for c in completions[i]]
     turns = [c[1] for i in range(eg.member, len(rows), eg.size) for c in completions[i]]
     rows = rows[eg.member::eg.size]
-    scores = run.pool.score([(rows[i // (k + 1)], t, *([messages_of(rows[i // (k + 1)], turns[i])] if turns[i] else []))
+    scores = run.pool.score([(rows[i // (k + 1)], t, context(rows[i // (k + 1)], turns[i], None, run.policy_version, run.cfg))
                              for i, t in enumerate(texts)])
     run.engine.sleep()
     sources = sorted({r["data_source"] for r in run.eval_rows})
