@@ -381,6 +381,10 @@ def validate(cfg, world: int) -> None:
     if cfg.mode == "rl" and cfg.batch_groups % world:
         raise ConfigError(f"batch_groups={cfg.batch_groups} is not divisible by the {world} ranks (each rank "
                           f"trains batch_groups / world whole groups, whatever engine.tensor_parallel_size is)")
+    rows = cfg.batch_groups // world * cfg.n_samples  # the rows each rank trains per RL step
+    if cfg.mode == "rl" and cfg.mini_batches > rows:
+        raise ConfigError(f"mini_batches={cfg.mini_batches} exceeds the {rows} rows each rank trains per step "
+                          f"(batch_groups / ranks x n_samples): some mini-batch would be empty; lower mini_batches")
     if cfg.mode == "rl" and cfg.copris.enabled and cfg.copris.concurrency > cfg.engine.max_num_seqs:
         raise ConfigError(f"copris.concurrency={cfg.copris.concurrency} exceeds engine.max_num_seqs="
                           f"{cfg.engine.max_num_seqs}: the engine could not run them all at once "
@@ -433,7 +437,7 @@ def check_day_one(cfg) -> None:
     if cfg.reward.funcs or cfg.reward.weights:
         from rewards.user import SpecError, parse
         try:
-            parse(cfg.reward.funcs, cfg.reward.weights, cfg.reward.sandbox)
+            parse(cfg.reward.funcs, cfg.reward.weights)
         except SpecError as e:
             raise ConfigError(str(e)) from None
     if cfg.reward.sandbox and cfg.reward.funcs:

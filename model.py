@@ -273,9 +273,10 @@ def build_model(path: str, device, trainable: bool, lora=None, checkpoint: bool 
 
 
 def make_optimizer(cfg, model, total_steps: int, lr: float | None = None):
-    """AdamW over the trainable parameters and its LR schedule (cfg.lr_schedule; auto: constant for RL, cosine for
-    SFT): linear warmup over warmup_steps, then with f = the share of the remaining steps done, the peak times
-    constant 1, linear 1 - 0.9 f, or cosine 0.1 + 0.9 (1 + cos(pi f)) / 2 (both go to 10% of the peak at the end)."""
+    """AdamW over the trainable parameters and its LR schedule over total_steps schedule steps (cfg.lr_schedule;
+    auto: constant for RL, cosine for SFT): linear warmup over warmup_steps, then with
+    f = (step - warmup_steps) / (total_steps - 1 - warmup_steps) (0 at the first step after warm-up, 1 at the last)
+    the peak times constant 1, linear 1 - 0.9 f, or cosine 0.1 + 0.9 (1 + cos(pi f)) / 2 (the last step: 10%)."""
     optim = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr or cfg.lr,
                               weight_decay=cfg.weight_decay, betas=(0.9, 0.999),
                               foreach=True)  # CPU's default is a per-tensor loop: 14 ms against 7 (demo model)
@@ -284,7 +285,7 @@ def make_optimizer(cfg, model, total_steps: int, lr: float | None = None):
     def lr_at(step: int) -> float:
         if step < cfg.warmup_steps:
             return (step + 1) / cfg.warmup_steps
-        frac = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
+        frac = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - 1 - cfg.warmup_steps))
         return {"constant": 1.0, "linear": 1 - 0.9 * frac, "cosine": 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac))}[kind]
     return optim, torch.optim.lr_scheduler.LambdaLR(optim, lr_at)
 

@@ -16,13 +16,15 @@ from pathlib import Path
 import torch
 
 from config import ConfigError
+from tasks import NOT_SCORED
 
 LOG_NAME = "train.log"
 
 
 class _Tee:
     """sys.stdout for rank 0: the console gets everything; the log file gets whole lines, progress-bar redraws
-    (text after a carriage return) left out."""
+    (text after a carriage return) left out, but a line written above a bar (say: tqdm.write clears the bar with
+    `\r<blanks>\r` first) kept."""
 
     def __init__(self, console, log):
         self.console, self.log, self._line = console, log, ""
@@ -32,8 +34,9 @@ class _Tee:
         self._line += text
         *done, self._line = self._line.split("\n")
         for line in done:
-            if "\r" not in line:
-                self.log.write(line + "\n")
+            parts = line.split("\r")
+            if len(parts) == 1 or (len(parts) > 2 and not parts[-2].strip()):
+                self.log.write(parts[-1] + "\n")
         self.log.flush()
         return len(text)
 
@@ -180,6 +183,46 @@ def metric_sinks(cfg, run_dir: Path) -> list:
                 wb.log({k: v for k, v in m.items() if k != "step"}, step=m["step"])
         sinks.append(wandb_log)
     return sinks
+
+
+LOST = ("timeout", "crash")  # the reward job was killed: over reward_timeout_s, or its worker died
+
+
+def reward_failures(infos: list[dict]) -> dict:
+    """One rank's failed rewards of a step, from the samples' infos: {"n": samples, "failed": samples with a failure,
+    "counts": {"<who> <reason>": n}, "first": the first message}. who: the reward.funcs component (its info's
+    "failed": {name: [reason, message]}), or "sample" when the whole job failed (LOST, or a scorer's error)."""
+    counts, first, failed = {}, None, 0
+    for info in infos:
+        parts = [(who, *rm) for who, rm in info.get("failed", {}).items()] or \
+            ([("sample", info["reason"], info.get("error") or info.get("detail") or info["reason"])]
+             if info["reason"] in NOT_SCORED or info["reason"] in LOST else [])
+        failed += bool(parts)
+        for who, reason, message in parts:
+            counts[f"{who} {reason}"] = counts.get(f"{who} {reason}", 0) + 1
+            first = first or message
+    return {"n": len(infos), "failed": failed, "counts": counts, "first": first}
+
+
+def failure_line(step: int, every: list[dict]) -> str | None:
+    """reward_failures of every rank -> one line, e.g. `step 3: rewards failed for 5 of 64 samples: flaky raised x4,
+    sample timeout x1; first: mine.py:3 (flaky): ValueError: a third fail`; None when nothing failed."""
+    failed, n, counts = sum(s["failed"] for s in every), sum(s["n"] for s in every), {}
+    if not failed:
+        return None
+    for s in every:
+        for k, v in s["counts"].items():
+            counts[k] = counts.get(k, 0) + v
+    first = next(s["first"] for s in every if s["first"])
+    return (f"step {step}: rewards failed for {failed} of {n} samples: "
+            + ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())) + f"; first: {first}")
+
+
+def say(rank: int, line: str) -> None:
+    """Rank 0: a line on the console above the progress bar (and in train.log, which copies stdout)."""
+    if rank == 0:
+        from tqdm import tqdm
+        tqdm.write(line, file=sys.stdout)
 
 
 def write_samples(run, step: int, groups, text_of) -> None:

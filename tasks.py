@@ -105,7 +105,7 @@ def env_of(row: dict) -> str | None:
     return task.env if task else None
 
 
-def prepare_row(row: dict, completion: str, messages=None) -> None:
+def prepare_row(row: dict, completion: str, ctx=None) -> None:
     """Import the row's reward module (math-verify and sympy: seconds on a busy machine) and run its `prepare(row)`
     where it has one (the Triton reward's reference): a pool worker calls this before the job's wall limit starts
     (rewards/pool.py), so neither is counted as scoring time."""
@@ -132,8 +132,8 @@ def preflight(pool, rows: list[dict]) -> str | None:
     return triton_preflight(pool.score if pool.fn is score_row else lambda jobs: [score_row(*j) for j in jobs])
 
 
-def score_row(row: dict, completion: str, messages=None) -> tuple[float, dict]:
-    """Reward of one completion for one data row, by row["task"] (an episode's messages are for rewards/user.py)."""
+def score_row(row: dict, completion: str, ctx=None) -> tuple[float, dict]:
+    """Reward of one completion for one data row, by row["task"] (ctx, the job's context, is for rewards/user.py)."""
     task = row.get("task", "math")
     if task not in TASKS:
         return 0.0, {"reason": "unknown_task", "task": str(task)}

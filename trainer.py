@@ -53,7 +53,7 @@ from rewards.advantages import Overlong, accuracy_filter, grpo_advantages, rloo_
 from rewards.pool import RewardPool
 from rewards.prime import Prime
 from rewards.sandbox import SandboxUnavailable, require_isolation
-from rewards.user import component_metrics, messages_of, reward_pool
+from rewards.user import component_metrics, context, reward_pool
 from tasks import NOT_SCORED, UNTRUSTED_TASKS, env_of, preflight as reward_preflight
 from rollout import mismatch
 from rollout.copris import CoprisScheduler, Trajectory
@@ -155,12 +155,14 @@ class Config:
     steps: int = 100  # RL steps, or SFT optimizer steps when sft_epochs is 0
     lr: float = 1e-6  # AdamW learning rate (peak)
     weight_decay: float = 0.0  # AdamW weight decay
-    warmup_steps: int = 0  # linear warmup, then lr_schedule
+    warmup_steps: int = 0  # linear warmup over this many `steps`, then lr_schedule
     lr_schedule: Literal["auto", "constant", "linear", "cosine"] = "auto"  # after warmup: linear / cosine decay to
-    # 10% of lr at the last step; auto = constant (RL), cosine (SFT)
+    # 10% of lr at the last step; auto = constant (RL), cosine (SFT). It advances once per RL step (verl's unit:
+    # every pass and mini-batch of a step take its lr) and once per SFT optimizer step
     grad_clip: float = 1.0  # max global grad norm
     token_budget: int = 8192  # micro-batch size in real tokens (rows packed, no padding; a shared prompt counts once)
-    mini_batches: int = 1  # optimizer steps per pass over an RL batch (1 = on-policy up to partial rollout)
+    mini_batches: int = 1  # optimizer steps per pass over an RL batch (1 = on-policy up to partial rollout); split
+    # evenly, at most the rows a rank trains per step (batch_groups / ranks x n_samples)
     ppo_epochs: int = 1  # passes over each RL batch (TRL num_iterations, verl ppo_epochs); later ones reshuffled
     advantage: Literal["grpo", "rloo"] = "grpo"  # group baseline (PRIME, when on, replaces it)
     scale_std: Literal["group", "batch", "none"] = "group"  # GRPO: divide by the std of the group's or batch's rewards
@@ -304,7 +306,8 @@ class Run:
 
 
 def optimizer_step(run: Run) -> tuple[float, bool]:
-    """Clip, check finite, step. -> (grad norm, applied). A non-finite grad skips the update."""
+    """Clip, check finite, step (not the LR schedule: once per RL step). -> (grad norm, applied). A non-finite grad
+    skips the update."""
     norm = clip_grad_norm(run.policy, run.cfg.grad_clip)
     applied = math.isfinite(norm)
     if applied:
@@ -319,7 +322,6 @@ def optimizer_step(run: Run) -> tuple[float, bool]:
                                 f"gradient norm ({norm}); stopping. Lower lr, check the data, or resume from "
                                 f"the last checkpoint with different settings.")
     run.optim.zero_grad(set_to_none=True)
-    run.sched.step()
     return norm, applied
 
 
@@ -342,7 +344,7 @@ def rl_step(run: Run, step: int) -> dict:
     mem.now("asleep")
     with t("reward"):  # 4. one reward per sample, (B,) in group order (a group filter scored them already)
         rewards, reasons = score_groups(run, groups)
-    stop_if_rewards_failed(run, groups)
+    stop_if_rewards_failed(run, step, groups)
     trajs = [tr for g in groups for tr in g.samples]
     with t("rank_wait"):  # the ranks meet: the time this rank waits for the slowest one's rollout and reward
         dist.barrier()
@@ -408,8 +410,9 @@ def score_groups(run: Run, groups, eg: EngineGroup | None = None) -> tuple[torch
     """Score every sample not yet scored (one pool call); -> rewards (B,) in group order, reason counts. eg: groups
     the engine group's ranks all hold (in collect): each scores 1/t of the samples, all-gathered (scored once)."""
     todo = [g for g in groups if g.scores is None]
-    flat = shared_map([(g.row, model_text(run.tok, t), *([messages_of(g.row, episode_turns(run.tok, t))] if t.env else []))
-                       for g in todo for t in g.samples], run.pool.score, eg)  # an episode's messages: reward.funcs
+    flat = shared_map([(g.row, model_text(run.tok, t), context(g.row, t.env and episode_turns(run.tok, t), t.tokens,
+                                                               run.policy_version, run.cfg))
+                       for g in todo for t in g.samples], run.pool.score, eg)  # context: for reward.funcs
     for i, g in enumerate(todo):
         g.scores = flat[i * len(g.samples):(i + 1) * len(g.samples)]
     reasons: dict[str, int] = {}
@@ -419,9 +422,13 @@ def score_groups(run: Run, groups, eg: EngineGroup | None = None) -> tuple[torch
     return torch.tensor([sc for g in groups for sc, _ in g.scores], dtype=torch.float32), reasons
 
 
-def stop_if_rewards_failed(run: Run, groups) -> None:
-    """A step in which every sample's reward failed (on every rank) is a data or code bug, not a score: stop with the
+def stop_if_rewards_failed(run: Run, step: int, groups) -> None:
+    """Print one line (rank 0: console and train.log) when some reward of the step failed (report.failure_line). A
+    step in which every sample's reward failed (on every rank) is a data or code bug, not a score: stop with the
     first failure and its data row rather than train on all-zero rewards."""
+    line = report.failure_line(step, all_gather_list([report.reward_failures([i for g in groups for _, i in g.scores])]))
+    if line:
+        report.say(run.rank, line)
     failed = [(g.row, info) for g in groups for _, info in g.scores if info["reason"] in NOT_SCORED]
     n_failed, n = all_sum([len(failed), sum(len(g.scores) for g in groups)], run.device)
     if n and n_failed == n:
@@ -549,11 +556,11 @@ def policy_update(run: Run, rows: list[Row]) -> dict:
     grad_norm: means over the step's trained tokens of every pass (loss and grad_norm: over optimizer steps)."""
     cfg = run.cfg
     sums = dict.fromkeys(("loss", "clip_frac", "approx_kl", "entropy", "tokens", "grad_norm"), 0.0)
-    ratio_max, per_mini, steps = 0.0, math.ceil(len(rows) / cfg.mini_batches), cfg.ppo_epochs * cfg.mini_batches
+    ratio_max, steps = 0.0, cfg.ppo_epochs * cfg.mini_batches
     for e, m in itertools.product(range(cfg.ppo_epochs), range(cfg.mini_batches)):  # passes x mini-batches
         if e > 0 and m == 0:  # pass 1 in rollout order; later ones reshuffled by torch's generator (checkpointed)
             rows = [rows[i] for i in torch.randperm(len(rows)).tolist()]
-        mini = rows[m * per_mini:(m + 1) * per_mini]
+        mini = rows[m * len(rows) // cfg.mini_batches:(m + 1) * len(rows) // cfg.mini_batches]  # sizes differ by <= 1
         w = loss_weights(run, mini)
         for mb in micro_batches(mini, cfg.token_budget, run.device):
             batch = [mini[i] for i in mb] or [DUMMY]
@@ -574,6 +581,7 @@ def policy_update(run: Run, rows: list[Row]) -> dict:
             sums["loss"] += loss.item() / run.world / steps
             ratio_max = max(ratio_max, s["ratio_max"])
         sums["grad_norm"] += optimizer_step(run)[0] / steps
+    run.sched.step()  # once per RL step, whatever ppo_epochs x mini_batches
     loss, clip, kl, ent, n = all_sum([sums[k] for k in ("loss", "clip_frac", "approx_kl", "entropy", "tokens")],
                                      run.device)
     return {"loss": loss, "clip_frac": clip / max(n, 1), "approx_kl": kl / max(n, 1), "entropy": ent / max(n, 1),
@@ -672,7 +680,7 @@ def evaluate(run: Run, samples_out: Path | None = None) -> dict:
     texts = [c[0] for i in range(eg.member, len(rows), eg.size) for c in completions[i]]
     turns = [c[1] for i in range(eg.member, len(rows), eg.size) for c in completions[i]]
     rows = rows[eg.member::eg.size]
-    scores = run.pool.score([(rows[i // (k + 1)], t, *([messages_of(rows[i // (k + 1)], turns[i])] if turns[i] else []))
+    scores = run.pool.score([(rows[i // (k + 1)], t, context(rows[i // (k + 1)], turns[i], None, run.policy_version, run.cfg))
                              for i, t in enumerate(texts)])
     run.engine.sleep()
     sources = sorted({r["data_source"] for r in run.eval_rows})
@@ -996,6 +1004,7 @@ def sft_step(run: Run, step: int) -> dict:
         loss.backward()
         loss_sum += loss.item() / run.world
     lr, (norm, _) = run.sched.get_last_lr()[0], optimizer_step(run)  # the lr this step used
+    run.sched.step()
     return {"step": step, "sft_loss": all_sum([loss_sum], run.device)[0], "grad_norm": norm, "lr": lr}
 
 

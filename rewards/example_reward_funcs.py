@@ -5,8 +5,9 @@
       weights: [1.0, 0.5]
 
 Each function gets the data row and the model's completion (and, if it takes a third argument, the episode's chat
-messages: None for a single-turn row) and returns a float or (float, info dict). It may raise: that sample then
-scores 0 with reason reward_error, and the run goes on.
+messages: None for a single-turn row) and returns a float, (float, info dict) or None (does not apply). TRL's and
+verl's shapes work too (rewards/styles.py). It may raise: that function is then left out of the sample's sum, the
+sample's reason is reward_error, the step prints a line naming the file and line, and the run goes on.
 """
 import re
 

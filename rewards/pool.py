@@ -18,6 +18,9 @@ Each worker is its own spawned process fed one job at a time over a pipe. A work
 Inside a job, `time_left()` (rewards/deadline.py) is the seconds before the pool kills it: a scorer with its own
 limit (the sandbox) takes min(its limit, time_left() - a margin), so the inner limit fires first and cleans up.
 
+Device: a worker sees only its rank's GPU, as cuda:0 (CUDA_VISIBLE_DEVICES as rewards/sandbox.py's rank_gpu_env gives
+it, LOCAL_RANK 0), so a reward function that loads a model on "cuda" lands on its rank's GPU, not on GPU 0.
+
 Files: every worker's temporary files (tempfile, TMPDIR: the sandbox's scratch dirs, captured output, a candidate's
 inputs) live in its own directory under one root per pool, `$TMPDIR/rlpool-<parent pid>-*`; what the workers of a
 pool compute once for all of them (a Triton task's reference) goes in the root's `shared/`, named to them by the
@@ -38,6 +41,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 
 from rewards.deadline import set_deadline
+from rewards.sandbox import rank_gpu_env
 from tasks import prepare_row, score_row
 
 MAX_START_FAILURES = 3  # consecutive failed worker starts before the pool gives up (WorkerStartError)
@@ -48,7 +52,8 @@ class WorkerStartError(RuntimeError):
     """Workers keep dying or hanging before they are ready: the job function cannot even be imported."""
 
 
-def _worker(conn, fn, prepare, tmp: str, timeout_s: float) -> None:
+def _worker(conn, fn, prepare, tmp: str, timeout_s: float, env: dict) -> None:
+    os.environ.update(env)  # before a job can touch CUDA: the rank's device (RewardPool.__init__)
     for sig in (signal.SIGINT, signal.SIGTERM):  # the trainer owns shutdown: a Ctrl-C or SIGTERM meant for the
         signal.signal(sig, signal.SIG_IGN)     # run must not kill its reward workers mid-batch
     os.environ["TMPDIR"] = tempfile.tempdir = tmp  # everything temporary lands where the pool can delete it
@@ -101,6 +106,7 @@ class RewardPool:
 
     def __init__(self, workers: int = 1, timeout_s: float = 10.0, fn=score_row, prepare=None, startup_s: float = 300.0):
         self.ctx, self.fn, self.timeout_s, self.startup_s = mp.get_context("spawn"), fn, timeout_s, startup_s
+        self.env = {**rank_gpu_env(), "LOCAL_RANK": "0"}  # the workers see only this rank's GPU, as cuda:0
         self.prepare = prepare_row if prepare is None and fn is score_row else prepare
         base = tempfile.gettempdir()
         _sweep_stale_roots(base)
@@ -124,7 +130,8 @@ class RewardPool:
         tmp = os.path.join(self.root, f"w{self.starts}")
         os.mkdir(tmp)
         parent, child = self.ctx.Pipe()
-        p = self.ctx.Process(target=_worker, args=(child, self.fn, self.prepare, tmp, self.timeout_s), daemon=True)
+        p = self.ctx.Process(target=_worker, args=(child, self.fn, self.prepare, tmp, self.timeout_s, self.env),
+                             daemon=True)
         _spawn_without_main(p, (self.fn, self.prepare))
         child.close()
         self.procs[w] = (p, parent, tmp)

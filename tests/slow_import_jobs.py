@@ -10,7 +10,8 @@ time.sleep(float(os.environ.get("SLOW_IMPORT_S", "0")))
 
 def job(kind: str, arg=None):
     """quick -> (1.0, ok with the pool's time_left); hang -> sleeps; litter -> writes `arg` MB into the worker's
-    temporary directory, then hangs; modules -> the heavy modules this worker has imported."""
+    temporary directory, then hangs; env -> the worker's CUDA_VISIBLE_DEVICES and LOCAL_RANK; modules -> the heavy
+    modules this worker has imported."""
     from rewards.deadline import time_left
     if kind == "hang":
         time.sleep(600)
@@ -19,6 +20,8 @@ def job(kind: str, arg=None):
         with open(os.path.join(d, "out"), "wb") as f:
             f.write(b"x" * (arg << 20))
         time.sleep(600)
+    if kind == "env":
+        return 1.0, {"reason": "ok", "env": [os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "LOCAL_RANK")]}
     if kind == "modules":
         return 1.0, {"reason": "ok", "modules": sorted(m for m in ("torch", "vllm", "trainer", "transformers")
                                                          if m in sys.modules)}

@@ -29,9 +29,10 @@ def lrs(schedule: str, mode: str = "rl", steps: int = 6, warmup: int = 2) -> lis
 
 
 def test_lr_schedules():
-    """Warm-up (1/2, 2/2), then with f = (step - warmup) / (steps - warmup) over the 4 steps after it: constant,
-    linear 1 - 0.9 f, cosine 0.1 + 0.45 (1 + cos(pi f)); auto is constant for RL and cosine for SFT."""
-    f = [0, 0.25, 0.5, 0.75]
+    """Warm-up (1/2, 2/2), then with f = (step - warmup) / (steps - 1 - warmup) over the 4 steps after it: constant,
+    linear 1 - 0.9 f, cosine 0.1 + 0.45 (1 + cos(pi f)), the last step at 10%; auto is constant for RL and cosine
+    for SFT."""
+    f = [0, 1 / 3, 2 / 3, 1]
     assert lrs("constant") == pytest.approx([0.5, 1, 1, 1, 1, 1])
     assert lrs("linear") == pytest.approx([0.5, 1] + [1 - 0.9 * x for x in f])
     assert lrs("cosine") == pytest.approx([0.5, 1] + [0.1 + 0.45 * (1 + math.cos(math.pi * x)) for x in f])

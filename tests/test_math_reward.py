@@ -121,5 +121,5 @@ def test_a_step_whose_rewards_all_fail_stops_the_run(world_of_one):
     row = {"_where": "gsm.jsonl:7", "task": "math"}
     failing = [Group(0, row, [], scores=[(0.0, {"reason": "error", "error": "AttributeError: 'int' object"})] * 4)]
     with pytest.raises(trainer.TrainingError, match="gsm.jsonl:7 .*error: AttributeError"):
-        trainer.stop_if_rewards_failed(run, failing)
-    trainer.stop_if_rewards_failed(run, failing + [Group(1, row, [], scores=[(0.0, {"reason": "wrong"})])])
+        trainer.stop_if_rewards_failed(run, 1, failing)
+    trainer.stop_if_rewards_failed(run, 1, failing + [Group(1, row, [], scores=[(0.0, {"reason": "wrong"})])])

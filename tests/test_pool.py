@@ -103,3 +103,20 @@ if __name__ == "__main__":
     score, info = json.loads(out.stdout.strip().splitlines()[-1])
     assert info["modules"] == [], f"the worker imported {info['modules']}"
     assert marker.read_text() == "imported\n", "the worker imported the main script again"
+
+
+@pytest.mark.parametrize("visible, want", [(None, "1"), ("3,5", "5"), ("GPU-a,GPU-b", "GPU-b")])
+def test_workers_see_their_ranks_gpu(monkeypatch, visible, want):
+    """Rank LOCAL_RANK 1's workers see its GPU alone, as cuda:0 (LOCAL_RANK 0 there, so a sandbox they start picks
+    the same device), whatever CUDA_VISIBLE_DEVICES the user set."""
+    from slow_import_jobs import job
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    pool = RewardPool(workers=1, timeout_s=30, fn=job)
+    try:
+        assert pool.score([("env",)])[0][1]["env"] == [want, "0"]
+    finally:
+        pool.close()

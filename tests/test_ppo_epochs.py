@@ -128,3 +128,42 @@ def test_loss_and_grad_norm_are_means_over_every_optimizer_step(world_of_one, ti
     res = train(run_args(tiny, tmp_path, "--ppo_epochs=3", "--mini_batches=2"))
     assert len({c["k"] for c in calls}) == 6
     assert abs(res.updates[0].stats["loss"] - sum(c["loss"] for c in calls) / 6) < 1e-6
+
+
+def lr_per_optimizer_step(monkeypatch) -> list:
+    """Patch optimizer_step: -> a list that fills with the learning rate of each optimizer step as it is taken."""
+    lrs, real_step = [], trainer.optimizer_step
+
+    def optimizer_step(run):
+        lrs.append(run.optim.param_groups[0]["lr"])
+        return real_step(run)
+    monkeypatch.setattr(trainer, "optimizer_step", optimizer_step)
+    return lrs
+
+
+def test_cosine_schedule_spans_every_pass_and_resumes(world_of_one, tiny, tmp_path, monkeypatch):
+    """lr_schedule advances once per RL step: with ppo_epochs 2 x mini_batches 2 the 4 optimizer steps of RL step s
+    (after one warm-up step) all take lr (0.1 + 0.45 (1 + cos(pi f))), f = (s - 2) / 2: the peak, then 55%, then
+    10% of lr at the last optimizer step of the last RL step; resumed from step 2, steps 3 and 4 take the same."""
+    lrs = lr_per_optimizer_step(monkeypatch)
+    keys = ("--ppo_epochs=2", "--mini_batches=2", "--lr_schedule=cosine", "--warmup_steps=1", "--steps=4",
+            "--keep_checkpoints=4")
+    whole = train(run_args(tiny, tmp_path, *keys), state=True)
+    peak = whole.cfg.lr
+    want = [peak * x for x in (1.0, 1.0, 0.55, 0.1) for _ in range(4)]
+    assert lrs == pytest.approx(want, rel=1e-9), f"optimizer steps' lr {lrs}"
+    assert [m["lr"] for m in whole.metrics[1:]] == pytest.approx(want[::4], rel=1e-9)
+    lrs.clear()
+    train(run_args(tiny, tmp_path, *keys, f"--resume={tmp_path / 'checkpoints' / 'step_000002'}"), state=True)
+    assert lrs == pytest.approx(want[8:], rel=1e-9), f"resumed: optimizer steps' lr {lrs}"
+
+
+def test_mini_batches_split_the_rows_evenly(world_of_one, tiny, tmp_path, monkeypatch):
+    """8 rows in 5 mini-batches: 1 or 2 rows each, none empty (ceil would give 2, 2, 2, 2, 0: a no-op optimizer
+    step); more mini-batches than a rank's rows is refused at the config check."""
+    calls = record(monkeypatch)
+    train(run_args(tiny, tmp_path, "--mini_batches=5"))
+    sizes = [sum(len(c["rows"]) for c in calls if c["k"] == k) for k in range(5)]
+    assert sizes == [1, 2, 1, 2, 2], sizes
+    with pytest.raises(trainer.ConfigError, match="mini_batches=9 exceeds the 8 rows each rank trains"):
+        trainer.load_config(run_args(tiny, tmp_path, "--mini_batches=9"), world=1)

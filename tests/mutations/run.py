@@ -250,6 +250,28 @@ MUTANTS = [
     ("two lanes storing different values to one byte pass", "rewards/triton/memory.py",
      "differ = np.minimum.reduceat(b, first) != np.maximum.reduceat(b, first)", "differ = np.zeros(len(first), bool)",
      ["tests/test_triton_gpu_semantics.py", "-k", "one_byte"]),
+    # porting a TRL or verl job (issue 53)
+    ("LR schedule advances per optimizer step (ends after 1 / (ppo_epochs x mini_batches) of the run)", "trainer.py",
+     "    run.optim.zero_grad(set_to_none=True)\n", "    run.optim.zero_grad(set_to_none=True)\n    run.sched.step()\n",
+     ["tests/test_ppo_epochs.py", "-k", "cosine"]),
+    ("mini-batches of ceil(rows / M) rows (the last ones empty)", "trainer.py",
+     "mini = rows[m * len(rows) // cfg.mini_batches:(m + 1) * len(rows) // cfg.mini_batches]",
+     "mini = rows[m * -(-len(rows) // cfg.mini_batches):(m + 1) * -(-len(rows) // cfg.mini_batches)]",
+     ["tests/test_ppo_epochs.py", "-k", "evenly"]),
+    ("a failed reward function zeroes the whole sample", "rewards/user.py",
+     'out.update(reason="reward_error", failed=failed, error=next(iter(failed.values()))[1])',
+     'out.update(reason="reward_error", failed=failed, error=next(iter(failed.values()))[1])\n            total = 0.0',
+     ["tests/test_user_rewards.py", "-k", "failing_function"]),
+    ("a reward function's None counted as a 0 component", "rewards/user.py",
+     "            elif score is not None:\n                parts[key] = score",
+     "            else:\n                parts[key] = score = score or 0.0", ["tests/test_reward_styles.py", "-k", "none"]),
+    ("a TRL function gets no dataset columns", "rewards/styles.py",
+     'columns = {k: [v] for k, v in row.items() if k not in NOT_COLUMNS and not k.startswith("_")}', "columns = {}",
+     ["tests/test_reward_styles.py", "-k", "as_trl"]),
+    ("a step's reward failures are not said", "trainer.py", "    if line:\n        report.say(run.rank, line)\n", "",
+     ["tests/test_reward_styles.py", "-k", "trained"]),
+    ("reward workers see every GPU (all on GPU 0)", "rewards/pool.py", "    os.environ.update(env)  # before",
+     "    pass  # before", ["tests/test_pool.py", "-k", "gpu"]),
 ]
 
 
