@@ -611,18 +611,20 @@ def step_metrics(run: Run, version: int, trajs, rewards, reasons: dict, rstats, 
     # sampled by an older policy
     buffered = sum(len(tr.tokens) for g in run.scheduler.buffer for tr in g.samples)
     t = run.eg.size  # each of an engine group's t ranks adds 1/t of the engine's figures
-    (reward, n, tokens, truncated, new_tokens, off_policy, timeouts, errors, buffered, dropped) = all_sum(
+    failures = sorted(NOT_SCORED)  # each reason's count too: reward_errors/<reason>
+    (reward, n, tokens, truncated, new_tokens, off_policy, timeouts, errors, buffered, dropped, *failed) = all_sum(
         [float(rewards.sum()), len(rewards), sum(lengths), sum(tr.finish_reason == "length" for tr in trajs),
          rstats.new_tokens / t, off_policy, reasons.get("timeout", 0),
          sum(n for k, n in reasons.items() if k in NOT_SCORED or k == "crash"),
-         buffered / t, rstats.dropped_groups / t], run.device)
+         buffered / t, rstats.dropped_groups / t, *[reasons.get(k, 0) for k in failures]], run.device)
     every = sorted(all_gather_list(lengths))
     out = {"reward": reward / n, "response_len": tokens / n, "response_len_p50": every[len(every) // 2],
            "response_len_p90": every[int(len(every) * 0.9)], "response_len_max": every[-1],
            "truncated_frac": truncated / n, "rollout_tokens": new_tokens,
            "off_policy_token_frac": off_policy / max(1, tokens),
            "reward_timeouts": timeouts, "reward_errors": errors, "buffer_tokens": buffered, "dropped_groups": dropped,
-           "rollout_tok_per_s": new_tokens / max(1e-9, seconds["rollout"]), "max_in_flight": rstats.max_in_flight}
+           "rollout_tok_per_s": new_tokens / max(1e-9, seconds["rollout"]), "max_in_flight": rstats.max_in_flight,
+           **{f"reward_errors/{k}": c for k, c in zip(failures, failed) if c}}
     if run.device.type == "cuda":  # model FLOPs: 6 N per trained token, 2 N per generated / re-scored token
         n_params = sum(p.numel() for p in run.policy.parameters())
         flops = n_params * (6 * tokens + 2 * (new_tokens + tokens))
