@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-if __name__ == "__main__":  # before torch, transformers and vLLM load: --help (text only); one process in a session of
-    import config, session  # its own, as torchrun starts every rank (session.py: the CPU share on a busy machine)
-    config.print_help(__file__) if {"--help", "-h"} & set(sys.argv[1:]) else session.own_session(sys.argv[1:])
+if __name__ == "__main__" and {"--help", "-h"} & set(sys.argv[1:]):  # before torch, transformers and vLLM load
+    import config
+    config.print_help(__file__)
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads OpenMP: waiting threads sleep (docs/speed.md)
 import torch
