@@ -57,6 +57,7 @@ import resource
 import statistics
 import sys
 import threading
+import time
 import types
 
 import torch
@@ -270,6 +271,13 @@ def _time_ms(fn) -> float:
     return statistics.median(times)
 
 
+def _cpu_bench(kernel_call, quantiles) -> list:
+    """Triton's do_bench for an unchecked interpreted run: one call's wall time in ms, for each quantile asked."""
+    t0 = time.perf_counter()
+    kernel_call()
+    return [(time.perf_counter() - t0) * 1e3] * len(quantiles)
+
+
 def _error(exc: BaseException, importing: bool) -> tuple:
     """(reason, detail) for an exception raised by candidate code: early_exit (SystemExit), compile_error
     (anything while importing the module, the Triton compiler, or the interpreter failing inside a kernel,
@@ -333,6 +341,9 @@ class _Candidate:
         if not cpu:    # tl.make_tensor_descriptor needs global scratch at launch, which the accepted language can't give
             import triton
             triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+        elif not self.interpreted:     # the interpreter as it is: its autotuner benchmarks with a CPU clock (Triton's
+            from triton.runtime.autotuner import Autotuner      # do_bench needs a GPU driver)
+            Autotuner.do_bench = property(lambda tuner: _cpu_bench)
         _hook_launches(self.audit, self.interpreted)
         _guard_bridges(self.audit)
         threads = _threads()
