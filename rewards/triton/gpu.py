@@ -57,6 +57,8 @@ class GpuCompiler:
         self.requests, self.replies = os.fdopen(req_w, "wb"), os.fdopen(rep_r, "rb")
         self.backend = make_backend(GPUTarget(*_GPU_TARGET))
         self.binders, self.results = {}, {}
+        self.skippable = set()     # problems Triton's autotuner skips a config for (Autotuner._bench: out of resources,
+        #                            ptxas, static_assert), where any other fails the launch
 
     def problem(self, kernel, args: tuple, kwargs: dict) -> str | None:
         """Why `kernel` launched with these arguments does not compile for sm_90, else None."""
@@ -91,7 +93,13 @@ class GpuCompiler:
                 if len(head) == 8 else "the compiler's process ended"
         except OSError:
             reply = "the compiler's process ended"
+        if reply.startswith(_SKIPPED):
+            reply = reply.removeprefix(_SKIPPED)
+            self.skippable.add(f"{name}: {reply}")
         return f"{name}: {reply}" if reply else None
+
+
+_SKIPPED = "\x00"     # the compiling process's mark before a reply that Triton's autotuner skips a config for
 
 
 def _serve_compiles(text: str, load, requests: int, replies: int) -> None:
@@ -106,7 +114,9 @@ def _serve_compiles(text: str, load, requests: int, replies: int) -> None:
     from triton import knobs
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    from triton.compiler.errors import CompileTimeAssertionFailure
     from triton.runtime import cache
+    from triton.runtime.errors import PTXASError
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
     knobs.runtime.interpret = False
@@ -140,9 +150,11 @@ def _serve_compiles(text: str, load, requests: int, replies: int) -> None:
                     reply = f"needs {meta.shared} bytes of shared memory, sm_90 has {_GPU_SHARED_BYTES}" \
                         if meta.shared > _GPU_SHARED_BYTES else f"{meta.num_warps} warps, more than {_GPU_WARPS}" \
                         if meta.num_warps > _GPU_WARPS else ""
+                    reply = reply and _SKIPPED + reply       # OutOfResources at a GPU's launch
             except Exception as e:       # the compiler's verdict: where, the source line there, what
                 lines = [line.strip() for line in f"{type(e).__name__}: {e}".splitlines() if line.strip()]
                 reply = " | ".join([lines[0], lines[-3], lines[-1]] if len(lines) > 3 else lines)
+                reply = _SKIPPED + reply if isinstance(e, (CompileTimeAssertionFailure, PTXASError)) else reply
             data = reply.encode("utf-8", "replace")
             out.write(len(data).to_bytes(8, "little") + data)
             out.flush()
@@ -321,29 +333,31 @@ def hook_schedule(programs, schedule) -> None:
 
 
 def hook_autotune(interpreted) -> None:
-    """The autotuner as on a GPU (the interpreter has no benchmarker): benchmarking launches every config that
-    survives Triton's own pruning on the real arguments, _BENCH_CALLS times each through the checked launch path
-    (sm_90 compile, bounds, race, the run's schedule), with the pre-hooks Triton runs around them (reset_to_zero,
-    restore_value), so a kernel that accumulates into its output without reset_to_zero is wrong as on a GPU. Runs
-    go in pairs (want_runs(2n) for n benchmarked configs): run 2j tunes and takes config j % n; run 2j + 1 takes
-    the same config without launching the benchmark, then launches it alone, as every call after the first does
-    on a GPU (the benchmarking launches of run 2j may have written the output already). So every config's output
-    is compared with the reference, from its first call and from a later one. A single config is not benchmarked
-    (as Triton). Every run's first call tunes: later runs load a fresh module, and the first run of a case drops
-    what an earlier case tuned (`tuned`: the run each autotuner last tuned in, kept here, out of the candidate's
-    reach)."""
+    """The autotuner as on a GPU (the interpreter has no benchmarker). Every tuning in a run (an autotuner's first call
+    of the run for a key: a "chooser", numbered in the order the run meets them) either tunes, launching every
+    config that Triton's own pruning keeps _BENCH_CALLS times on the real arguments through the checked launch path
+    (sm_90 compile, bounds, race, the run's schedule), with the hooks Triton runs around them (reset_to_zero,
+    restore_value), or only chooses, launching nothing and leaving no trace (no reset after it), as every call
+    after the first does on a GPU. Which config each chooser takes in each run is autotune_choice's: every config
+    of every chooser in a run that tunes and in one that only chooses, every pair of configs of two choosers in a
+    run that only chooses; the case runs autotune_runs of them (Interpreted.learn). A config whose launch runs out
+    of sm_90's resources (or that ptxas or a static_assert refuses) raises OutOfResources while tuning, which
+    Triton's Autotuner._bench turns into an infinite time: never chosen, as on a GPU; when every config fails, Triton
+    takes the first, whose launch is a gpu_compile violation. A single config is not benchmarked (as Triton).
+    Every run's first call tunes: later runs load a fresh module, and the first run of a case drops what an earlier
+    case tuned (`tuned`: the run each autotuner last tuned in, kept here, out of the candidate's reach)."""
     from triton.runtime.autotuner import Autotuner
+    from triton.runtime.errors import OutOfResources
     run, prune = Autotuner.run, Autotuner.prune_configs
     tuned = {}
 
     def tuned_run(self, *args, **kwargs):
-        if tuned.get(self) == interpreted.serial:        # a later call of this run: Triton's cache decides
+        if tuned.get(self) != interpreted.serial:          # the run's first call tunes
+            tuned[self] = interpreted.serial
+            self.cache.clear()
+        if interpreted.tunes():
             return run(self, *args, **kwargs)
-        tuned[self] = interpreted.serial                   # the run's first call tunes
-        self.cache.clear()
-        if interpreted.run_index % 2 == 0:
-            return run(self, *args, **kwargs)
-        hook, self.pre_hook = self.pre_hook, lambda *_, **__: None    # run 2j + 1: choosing leaves no trace (no
+        hook, self.pre_hook = self.pre_hook, lambda *_, **__: None    # only choosing leaves no trace (no
         try:                                                           # reset_to_zero after the benchmark)
             return run(self, *args, **kwargs)
         finally:
@@ -351,23 +365,76 @@ def hook_autotune(interpreted) -> None:
 
     def prune_configs(self, kwargs):
         configs = prune(self, kwargs)
-        self.benched = [len(configs), 0]          # configs, benchmarked so far
-        interpreted.want_runs(2 * len(configs))
+        self.chooser = interpreted.chooser(len(configs)) if len(configs) > 1 else None
         return configs
 
     def bench(self):
         def do_bench(kernel_call, quantiles):
-            for _ in range(_BENCH_CALLS if interpreted.run_index % 2 == 0 else 0):
-                kernel_call()
-            n, i = self.benched
-            self.benched[1] += 1
-            return [0.0 if i == interpreted.run_index // 2 % n else 1.0] * len(quantiles)
+            chooser = self.chooser
+            i = chooser["next"]
+            chooser["next"] += 1
+            interpreted.benchmarking = chooser["tunes"]
+            try:
+                for _ in range(_BENCH_CALLS if chooser["tunes"] else 0):
+                    kernel_call()
+                if i in chooser["skipped"]:
+                    raise OutOfResources(0, 0, "the config ran out of resources while tuning")
+            except OutOfResources:
+                chooser["skipped"].add(i)
+                raise
+            finally:
+                interpreted.benchmarking = False
+                if chooser["next"] == chooser["configs"]:
+                    interpreted.learn(chooser)
+            target = chooser["target"]
+            return [(0.0 if i == target else 1.0) if target is not None else 1.0 + i] * len(quantiles)
         return do_bench
 
     Autotuner.run, Autotuner.prune_configs, Autotuner.do_bench = tuned_run, prune_configs, property(bench)
 
 
-MAX_RUNS = 16          # runs of one case at most (the parent's _MAX_RUNS)
+MAX_RUNS = 72          # runs of one case at most (the parent's _MAX_RUNS): one autotuner of up to 36 configs, two
+#                        of up to 8 each (autotune_runs)
+
+
+def _smallest_prime(n: int) -> int:
+    p = max(2, n)
+    while any(p % d == 0 for d in range(2, int(p ** 0.5) + 1)):
+        p += 1
+    return p
+
+
+def autotune_runs(sizes: list) -> int:
+    """Runs of a case whose choosers (tunings met in a run, in order) have `sizes` configs that fit: a run that
+    tunes and one that only chooses for each config of the largest, then runs that only choose until every pair of
+    configs of two choosers has met (the product of the two sizes; for three or more, P * P runs for a prime P at
+    least the largest size and the number of choosers: autotune_choice)."""
+    top, multi = max(sizes, default=1), [m for m in sizes if m > 1]
+    if len(multi) < 2:
+        return 2 * top
+    return top + (multi[0] * multi[1] if len(multi) == 2 else _smallest_prime(max(top, len(multi))) ** 2)
+
+
+def autotune_choice(sizes: list, t: int, run: int) -> tuple:
+    """(whether run `run` tunes, the position among chooser t's fitting configs it takes). Runs 2j < 2n (n: the
+    largest size) tune and take config j; the others only choose, the q-th of them (q = j for run 2j + 1 < 2n,
+    run - n after) taking config q of every chooser when at most one chooser has two configs or more; else the two
+    take (q mod m0, q div m0), or, for three or more, chooser u (its rank among them) takes (a + u b) mod P with
+    a = q mod P, b = q div P: for any two choosers u != v, (a + u b, a + v b) meets every pair once as q runs over
+    P * P (P prime, at least the number of choosers)."""
+    top = max(sizes, default=1)
+    size = sizes[t] if t < len(sizes) else 1
+    if run < 2 * top and run % 2 == 0:
+        return True, run // 2 % size
+    q = run // 2 if run < 2 * top else run - top
+    multi = [u for u, m in enumerate(sizes) if m > 1]
+    if size == 1 or len(multi) < 2:
+        return False, q % size
+    u = multi.index(t)
+    if len(multi) == 2:
+        return False, (q % sizes[multi[0]] if u == 0 else q // sizes[multi[0]]) % size
+    p = _smallest_prime(max(top, len(multi)))
+    return False, (q % p + u * (q // p)) % p % size
 
 
 class Interpreted:
@@ -375,13 +442,15 @@ class Interpreted:
     runs once, then again with run_index 1, 2, ... (a fresh module and model, the same inputs) until `runs`: a
     launch raises `runs` with want_runs where one run cannot show what a GPU may do (programs that meet in
     atomics, autotune configs); the parent compares every run with the reference. The harness sets run_index
-    before every run."""
+    before every run (0: a new case)."""
     def __init__(self, text: str, load):
         from triton_memory import Programs                  # shipped beside this file, as is triton_schedule
         from triton_schedule import Deadlock, Schedule
         self.compiler, self.programs, self.schedule = GpuCompiler(text, load), Programs(), Schedule()
         self.Deadlock = Deadlock
         self.runs, self.serial = 1, 0           # serial: counts runs (of every case)
+        self.fitting, self.skipped = [], []     # per chooser of the case: the configs that fit, those skipped
+        self.met, self.benchmarking, self.refused = 0, False, []   # choosers met in this run; inside a benchmark
 
     @property
     def run_index(self) -> int:
@@ -390,19 +459,58 @@ class Interpreted:
 
     @run_index.setter
     def run_index(self, value: int) -> None:
-        self.schedule.run_index, self.serial = value, self.serial + 1
+        self.schedule.run_index, self.serial, self.met = value, self.serial + 1, 0
+        if value == 0:
+            self.fitting, self.skipped, self.refused = [], [], []
 
     def want_runs(self, n: int) -> None:
         """The case that runs now needs n runs in all (at most MAX_RUNS)."""
         self.runs = max(self.runs, min(n, MAX_RUNS))
 
+    def tunes(self) -> bool:
+        """Whether the run that runs now tunes (autotune_choice)."""
+        return autotune_choice([len(f) for f in self.fitting], 0, self.run_index)[0]
+
+    def chooser(self, configs: int) -> dict:
+        """The next tuning of this run, among `configs` configs: whether it tunes, which config it takes (its
+        position; None until its first tuning has shown which fit: then the first that fits), those skipped."""
+        t, self.met = self.met, self.met + 1
+        tunes, target = self.tunes(), None
+        if t < len(self.fitting) and self.fitting[t]:
+            target = self.fitting[t][autotune_choice([len(f) for f in self.fitting], t, self.run_index)[1]]
+        return {"t": t, "configs": configs, "next": 0, "tunes": tunes, "target": target,
+                "skipped": set(self.skipped[t]) if t < len(self.skipped) else set()}
+
+    def learn(self, chooser: dict) -> None:
+        """A chooser's first tuning ended: which of its configs fit; the case needs autotune_runs for all."""
+        if chooser["t"] < len(self.fitting) or not chooser["tunes"]:
+            return
+        skipped = chooser["skipped"]
+        self.skipped.append(skipped)
+        self.fitting.append([i for i in range(chooser["configs"]) if i not in skipped] or [0])
+        need = autotune_runs([len(f) for f in self.fitting])
+        if need > MAX_RUNS and not self.refused:
+            self.refused.append(f"launch: autotune: {len(self.fitting)} tunings with {[len(f) for f in self.fitting]} "
+                                f"configs that fit need {need} runs to check each config and each pair, more than "
+                                f"{MAX_RUNS}")
+        self.want_runs(need)
+
+    def launch_problem(self, kernel, args: tuple, kwargs: dict) -> str | None:
+        """Why sm_90 refuses this launch (GpuCompiler.problem), else None; while tuning, a problem that Triton's
+        autotuner skips a config for raises OutOfResources instead (Autotuner._bench catches it)."""
+        from triton.runtime.errors import OutOfResources
+        problem = self.compiler.problem(kernel, args, kwargs)
+        if problem and self.benchmarking and problem in self.compiler.skippable:
+            raise OutOfResources(0, 0, problem)
+        return problem
+
     def finish(self, kernel: str, arguments: dict, deadlock: BaseException | None = None) -> list:
-        """The violations of the launch that just ran (or deadlocked); a launch whose programs met in atomics asks
-        for SCHEDULES runs of its case."""
+        """The violations of the launch that just ran (or deadlocked), and an autotuner's refusal; a launch whose
+        programs met in atomics asks for SCHEDULES runs of its case."""
         found = self.programs.finish(kernel, arguments)
         if len(self.schedule.atomics) > 1:
             self.want_runs(SCHEDULES)
-        return found + ([f"deadlock: {kernel}: {deadlock} (run {self.run_index})"] if deadlock else [])
+        return found + self.refused + ([f"deadlock: {kernel}: {deadlock} (run {self.run_index})"] if deadlock else [])
 
     def hook(self) -> None:
         from triton_memory import hook_programs

@@ -193,7 +193,7 @@ def _hook_launches(audit: _Audit, interpreted) -> None:
             if refused:
                 audit.violations.add(f"launch: {refused}")
                 return None
-            problem = checked and checked.compiler.problem(self, args, kwargs)
+            problem = checked and checked.launch_problem(self, args, kwargs)     # may skip a config
             if problem:
                 audit.violations.add(f"gpu_compile: {problem}"[:_VIOLATION_CHARS])
                 return None
