@@ -1,6 +1,7 @@
 """A reward that could not look at a sample is never a silent 0 (issue 52): each reason of tasks.NOT_SCORED, through
 the trainer's own wiring (tests/fake_rl.py), is counted in reward_errors and reward_errors/<reason>, printed in the
 step's line on the console, and a step in which every sample failed stops the run with that reason and its row."""
+import json
 import zlib
 
 import pytest
@@ -43,3 +44,21 @@ def test_each_reason_is_counted_said_and_stops_a_step_where_all_failed(world_of_
 def test_ordinary_zeros_are_not_failures(world_of_one, tiny, tmp_path):
     res = train(run_args(tiny, tmp_path / "wrong"), score=lambda row, completion, ctx=None: (0.0, {"reason": "wrong"}))
     assert res.metrics[1]["reward_errors"] == 0 and not any(k.startswith("reward_errors/") for k in res.metrics[1])
+
+
+def test_a_rank_whose_triton_reward_cannot_score_stops_at_start(world_of_one, tiny, tmp_path, monkeypatch):
+    """The preflight (trainer.start_rewards): with Triton rows, each rank scores the shipped relu solution through
+    its reward pool first. On CPU it scores 1.0 and the run goes on; where the native run cannot look (the device
+    says cuda, and this machine has none: the reference on the GPU fails) the run stops at start, in one line."""
+    from data.triton_tasks import load_tasks
+    from rewards.triton import kernel
+    relu = next(t for t in load_tasks() if t["name"] == "relu")
+    rows = tmp_path / "triton.jsonl"
+    rows.write_text("".join(json.dumps({"id": i, "prompt": "write a relu kernel", "task": "triton",
+                                        "reference_code": relu["reference_code"]}) + "\n" for i in range(4)))
+    res = train(run_args(tiny, tmp_path / "cpu", f"--train_data={rows}"))
+    assert res.metrics[1]["reward_errors"] == 0 and len(res.updates) == 1
+    monkeypatch.setattr(kernel, "_device", lambda: "cuda")
+    with pytest.raises(TrainingError, match="preflight: the shipped relu solution scored 0.0 on this rank "
+                                            r"\(reference_error"):
+        train(run_args(tiny, tmp_path / "cuda", f"--train_data={rows}"))
