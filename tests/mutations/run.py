@@ -272,6 +272,9 @@ MUTANTS = [
      ["tests/test_reward_styles.py", "-k", "trained"]),
     ("reward workers see every GPU (all on GPU 0)", "rewards/pool.py", "    os.environ.update(env)  # before",
      "    pass  # before", ["tests/test_pool.py", "-k", "gpu"]),
+    ("verl's dotted paths get no hint (only the whole key is looked up)", "config.py",
+     'for tail in (".".join(parts[i:]) for i in range(len(parts))):', "for tail in (key,):",
+     ["tests/test_config.py", "-k", "mapping_page"]),
 ]
 
 
