@@ -370,7 +370,9 @@ def host_available_bytes() -> int | None:
 def sleep_backup_problem(cfg, local_ranks: int, available: int | None) -> str | None:
     """LoRA on CUDA: the engine sleeps at level 1 (rollout/vllm_engine.py: nothing pushes the base back), which backs
     its bf16 weights up in pinned host memory while the policy trains: numel x 2 B / engine.tensor_parallel_size per
-    rank, local_ranks of them on this host. -> why the host cannot hold that, or None (it can, or a figure is
+    rank, local_ranks of them on this host. A lower bound: the sleep also backs up the engine's other allocations
+    tagged as weights (buffers, and CUDA-graph memory with engine.enforce_eager false), not measured without a GPU
+    and not counted; the message says so. -> why the host cannot hold that, or None (it can, or a figure is
     unknown)."""
     numel = checkpoint_numel(cfg.model_path)
     if numel is None or available is None:
@@ -382,7 +384,8 @@ def sleep_backup_problem(cfg, local_ranks: int, available: int | None) -> str | 
         return None
     return (f"lora.rank={cfg.lora.rank}: on CUDA the engine sleeps at level 1, which keeps a copy of its bf16 "
             f"weights in pinned host memory: {local_ranks} ranks x {per_rank / 1e9:.1f} GB = {need / 1e9:.1f} GB on "
-            f"this host, but only {available / 1e9:.1f} GB is available (MemAvailable): use fewer ranks per host, "
+            f"this host (the weights alone: the buffers and CUDA-graph memory the sleep also copies are not counted), "
+            f"but only {available / 1e9:.1f} GB is available (MemAvailable): use fewer ranks per host, "
             f"a host with more memory, or shard the engine (engine.tensor_parallel_size={2 * t} halves each copy)")
 
 
