@@ -447,6 +447,10 @@ def validate(cfg, world: int) -> None:
     if t < 1 or world % t:
         raise ConfigError(f"engine.tensor_parallel_size={t} does not divide the {world} ranks (they form world / t "
                           f"engine groups of t consecutive ranks, one vLLM engine each)")
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))  # ranks on this node (torchrun and the launcher set it)
+    if local % t:
+        raise ConfigError(f"engine.tensor_parallel_size={t} does not divide the {local} ranks per node: an engine "
+                          f"group (t consecutive ranks) would span two nodes, which is not supported: use a t that divides it")
     heads = model_cfg.get("num_attention_heads")
     if isinstance(heads, int) and heads % t:
         raise ConfigError(f"engine.tensor_parallel_size={t} does not divide the model's {heads} attention heads "

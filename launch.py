@@ -294,6 +294,7 @@ def run(argv: list[str], preflight) -> int:
     if torch.cuda.is_available() and nproc > torch.cuda.device_count():
         print(f"config error: {too_many_ranks(nproc, torch.cuda.device_count())}", file=sys.stderr)
         return 2
+    os.environ["LOCAL_WORLD_SIZE"] = str(nproc)  # as torchrun sets it in the ranks: the checks of one node's ranks
     try:
         preflight(rest, nproc * nnodes)
     except ConfigError as e:

@@ -42,7 +42,8 @@ import launch
 import report
 from config import ConfigError, RewardConfig
 from launch import check_run_dir, complete_checkpoints, read_manifest, start_run_dir
-from data.rows import PromptSource, load_rows, load_tokenizer, serving_tokenizer, tokenize_prompts, tokenize_sft
+from data.rows import (PromptSource, check_chat_template, load_rows, load_tokenizer, serving_tokenizer, tokenize_prompts,
+                       tokenize_sft)
 from kernels import fused_linear_ppo_loss
 from kernels.ppo_loss import token_weights
 from model import (DUMMY, EngineGroup, Row, adapter_disabled, all_gather_list, all_max, all_sum,
@@ -1052,12 +1053,14 @@ def run_eval(cfg: Config) -> None:
 
 
 def preflight(argv: list[str], world: int) -> None:
-    """What can be checked before any rank starts (the launcher runs it): config, run_dir, data files' rows."""
+    """What can be checked before any rank starts (the launcher runs it): config, run_dir, data files' rows, the chat
+    template file."""
     cfg = load_config(argv, world)
     check_run_dir(cfg, world)
     for path in ([cfg.train_data] if cfg.mode != "eval" else []) + ([cfg.eval_data] if cfg.eval_data else []):
         rows = load_rows(path, "sft" if cfg.mode == "sft" else "rl")
         check_sandbox(cfg, rows if cfg.mode != "sft" else [])
+        check_chat_template(cfg, rows)  # chat_template_file compiles, and renders every row's prompt
         if path == cfg.train_data:
             config.check_one_batch(cfg, len(rows))
 

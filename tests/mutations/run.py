@@ -278,6 +278,15 @@ MUTANTS = [
     ("fp32-out addmm assumed from the overload's presence (torch 2.8-2.9 refuse it on CUDA)", "kernels/fused_linear.py",
      "    except (RuntimeError, TypeError):  # NotImplementedError", "    except ():  # NotImplementedError",
      ["tests/test_fused_linear.py", "-k", "probed"]),
+    ("the launcher does not render the chat template file", "trainer.py",
+     "        check_chat_template(cfg, rows)  # chat_template_file", "        pass  # chat_template_file",
+     ["tests/test_bad_input.py", "-k", "chat_template"]),
+    ("samples.jsonl takes the first group's samples first", "report.py",
+     "turns = sorted((j, i) for i, g in enumerate(groups) for j in range(len(g.samples)))",
+     "turns = [(j, i) for i, g in enumerate(groups) for j in range(len(g.samples))]",
+     ["tests/test_reward_styles.py", "-k", "samples"]),
+    ("samples.jsonl holds the row's raw prompt", "report.py", '"prompt": run.tok.decode(row["prompt_ids"])',
+     '"prompt": row["prompt"]', ["tests/test_reward_styles.py", "-k", "samples"]),
 ]
 
 
