@@ -434,9 +434,10 @@ def stop_if_rewards_failed(run: Run, step: int, groups) -> None:
     n_failed, n = all_sum([len(failed), sum(len(g.scores) for g in groups)], run.device)
     if n and n_failed == n:
         row, info = failed[0] if failed else ({}, {})
+        fix = "that reward function" if "failed" in info else "the rows' answers or tests and the task's scorer (tasks.py)"
         raise TrainingError(f"every reward of this step failed ({int(n)} samples), e.g. {row.get('_where', '?')} "
                             f"(task {row.get('task')}): {info.get('reason')}: {info.get('error') or info.get('detail')}"
-                            f"; check the rows' answers or tests and the task's scorer (tasks.py)")
+                            f"; check {fix}")
 
 
 def informative_group(run: Run, group) -> bool:
