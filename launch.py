@@ -302,7 +302,7 @@ def run(argv: list[str], preflight) -> int:
         return 2
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run as torchrun
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // nproc)))
     logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
     stopping = []
 

@@ -41,15 +41,20 @@ def free_port() -> int:
 
 def agents(tiny, tmp_path, run_dir, nnodes: int, nproc: int, resume: str = "off") -> list[subprocess.Popen]:
     """nnodes torchrun agents of the sbatch file's line on this host, nproc ranks each, one rendezvous; a job of
-    4 steps of 4 groups, a checkpoint after each."""
+    4 steps of 4 groups, a checkpoint after each. Each agent is pinned (taskset) to its own share of this host's CPUs,
+    as on its own node: every rank gets the same CPU count (its torch threads) whatever the layout, so the float
+    sums, and the metrics, do not depend on it."""
     config = tmp_path / "job.yaml"
     config.write_text("".join(f"{a[2:].replace('=', ': ', 1)}\n" for a in rl_args(tiny, run_dir)))
     env = {**ENV, "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}", "NNODES": str(nnodes),
            "NPROC": str(nproc), "HEAD": "127.0.0.1", "PORT": str(free_port()), "RDZV_ID": f"test-{time.time()}",
            "CONFIG": str(config), "RUN_DIR": str(run_dir), "RESUME": resume, "EXTRA": "--dist_timeout_s=300",
            "OMP_NUM_THREADS": "1"}
-    return [subprocess.Popen(["bash", "-c", torchrun_line()], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, start_new_session=True) for _ in range(nnodes)]
+    cpus, share = sorted(os.sched_getaffinity(0)), nproc * (len(os.sched_getaffinity(0)) // (nnodes * nproc))
+    assert share, "fewer CPUs than ranks"
+    return [subprocess.Popen(["taskset", "-c", ",".join(map(str, cpus[i * share:(i + 1) * share])), "bash", "-c",
+                              torchrun_line()], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, start_new_session=True) for i in range(nnodes)]
 
 
 def finish(procs: list[subprocess.Popen], timeout: float = 900) -> list[str]:
