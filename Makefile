@@ -90,9 +90,9 @@ bench-step: install
 
 # Wheels for the lent GPU machine (benchmarks/gpu_check.sh installs those its image lacks; it has no registry):
 # Python 3.12, x86-64. The pinned packages the project imports that such an image may lack, math-verify's and
-# pytest's own dependencies (the check's tests phase runs pytest), and Liger-Kernel, which the optional kernel
-# benchmark compares against. Into .whl/ (ignored by git), about 5 MB.
-GPU_WHEELS := $(shell grep -E '^(peft|accelerate|pytest|pyyaml|tqdm|math-verify)==' requirements.txt) \
+# pytest's own dependencies (the check's tests phase runs pytest), greenlet (the Triton reward's schedules) and
+# Liger-Kernel, which the optional kernel benchmark compares against. Into .whl/ (ignored by git), about 5 MB.
+GPU_WHEELS := $(shell grep -E '^(peft|accelerate|pytest|pyyaml|tqdm|math-verify|greenlet)==' requirements.txt) \
 	latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2 liger-kernel==0.8.5 \
 	iniconfig==2.3.1 pluggy==1.7.0 packaging==26.4 pygments==2.21.0
 gpu-wheels:

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from config import ConfigError
+from tasks import NOT_SCORED
 
 LOG_NAME = "train.log"
 
@@ -185,7 +186,6 @@ def metric_sinks(cfg, run_dir: Path) -> list:
     return sinks
 
 
-REWARD_FAILURES = ("error", "reward_error", "bad_answer")  # the scorer failed, or the row's answer is unusable
 LOST = ("timeout", "crash")  # the reward job was killed: over reward_timeout_s, or its worker died
 
 
@@ -197,7 +197,7 @@ def reward_failures(infos: list[dict]) -> dict:
     for info in infos:
         parts = [(who, *rm) for who, rm in info.get("failed", {}).items()] or \
             ([("sample", info["reason"], info.get("error") or info.get("detail") or info["reason"])]
-             if info["reason"] in REWARD_FAILURES + LOST else [])
+             if info["reason"] in NOT_SCORED or info["reason"] in LOST else [])
         failed += bool(parts)
         for who, reason, message in parts:
             counts[f"{who} {reason}"] = counts.get(f"{who} {reason}", 0) + 1

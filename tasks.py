@@ -28,7 +28,7 @@ def score_code(row: dict, completion: str) -> tuple[float, dict]:
 
 
 def score_triton(row: dict, completion: str) -> tuple[float, dict]:
-    from rewards.triton_kernel import triton_reward
+    from rewards.triton.kernel import triton_reward
     return triton_reward(completion, row)
 
 
@@ -82,7 +82,7 @@ class Task(NamedTuple):
     module: str | None = None  # the reward module its scorer imports (a pool worker imports it before the job's clock)
 
 
-MATH, CODE, TRITON = "rewards.math", "rewards.code", "rewards.triton_kernel"
+MATH, CODE, TRITON = "rewards.math", "rewards.code", "rewards.triton.kernel"
 TASKS = {
     "math": Task(("answer",), score_math, check_math, module=MATH),
     "code": Task(("tests",), score_code, check_code, module=CODE),
@@ -93,6 +93,10 @@ TASKS = {
     "triton_refine": Task(("reference_code",), score_triton, check_triton, env="triton_refine", module=TRITON),
 }
 UNTRUSTED_TASKS = ("code", "triton", "math_python", "triton_refine")  # they run model-written code: in the sandbox
+# reasons that say the reward did not look at the sample (the scorer or the row failed, the sandbox or the Triton
+# reward's reference or harness could not run): reward failures, counted and never taken for a score of 0
+NOT_SCORED = frozenset({"error", "reward_error", "bad_answer", "no_sandbox", "sandbox_error", "reference_error",
+                        "harness_error"})
 
 
 def env_of(row: dict) -> str | None:
@@ -102,11 +106,30 @@ def env_of(row: dict) -> str | None:
 
 
 def prepare_row(row: dict, completion: str, ctx=None) -> None:
-    """Import the row's reward module (math-verify and sympy: seconds on a busy machine): a pool worker calls this
-    before the job's wall limit starts (rewards/pool.py), so the import is not counted as scoring time."""
+    """Import the row's reward module (math-verify and sympy: seconds on a busy machine) and run its `prepare(row)`
+    where it has one (the Triton reward's reference): a pool worker calls this before the job's wall limit starts
+    (rewards/pool.py), so neither is counted as scoring time."""
     task = TASKS.get(row.get("task", "math"))
     if task is not None and task.module:
-        importlib.import_module(task.module)
+        prepare_module(task.module, row)
+
+
+def prepare_module(name: str, row: dict) -> None:
+    """Import a reward module and run its `prepare(row)` where it has one (what a row's scoring needs computed
+    before the job's clock: the Triton reward's reference)."""
+    module = importlib.import_module(name)
+    if hasattr(module, "prepare"):
+        module.prepare(row)
+
+
+def preflight(pool, rows: list[dict]) -> str | None:
+    """Why the rows' rewards cannot score on this rank, or None: where a row is a Triton task, the Triton reward's
+    preflight (a shipped solution through `pool`, the rank's reward pool, or through score_row here when the pool
+    sums the user's functions)."""
+    if not any(TASKS.get(r.get("task", "math"), TASKS["math"]).module == TRITON for r in rows):
+        return None
+    from rewards.triton.kernel import preflight as triton_preflight
+    return triton_preflight(pool.score if pool.fn is score_row else lambda jobs: [score_row(*j) for j in jobs])
 
 
 def score_row(row: dict, completion: str, ctx=None) -> tuple[float, dict]:

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-if __name__ == "__main__":  # before torch, transformers and vLLM load: --help (text only); one process in a session of
-    import config, session  # its own, as torchrun starts every rank (session.py: the CPU share on a busy machine)
-    config.print_help(__file__) if {"--help", "-h"} & set(sys.argv[1:]) else session.own_session(sys.argv[1:])
+if __name__ == "__main__" and {"--help", "-h"} & set(sys.argv[1:]):  # before torch, transformers and vLLM load
+    import config
+    config.print_help(__file__)
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads OpenMP: waiting threads sleep (docs/speed.md)
 import torch
@@ -55,7 +55,7 @@ from rewards.pool import RewardPool
 from rewards.prime import Prime
 from rewards.sandbox import SandboxUnavailable, require_isolation
 from rewards.user import component_metrics, context, reward_pool
-from tasks import UNTRUSTED_TASKS, env_of
+from tasks import NOT_SCORED, UNTRUSTED_TASKS, env_of, preflight as reward_preflight
 from rollout import mismatch
 from rollout.copris import CoprisScheduler, Trajectory
 from rollout.environments import Episodes, Observations, TemplateError
@@ -430,7 +430,7 @@ def stop_if_rewards_failed(run: Run, step: int, groups) -> None:
     line = report.failure_line(step, all_gather_list([report.reward_failures([i for g in groups for _, i in g.scores])]))
     if line:
         report.say(run.rank, line)
-    failed = [(g.row, info) for g in groups for _, info in g.scores if info["reason"] in report.REWARD_FAILURES]
+    failed = [(g.row, info) for g in groups for _, info in g.scores if info["reason"] in NOT_SCORED]
     n_failed, n = all_sum([len(failed), sum(len(g.scores) for g in groups)], run.device)
     if n and n_failed == n:
         row, info = failed[0] if failed else ({}, {})
@@ -613,18 +613,20 @@ def step_metrics(run: Run, version: int, trajs, rewards, reasons: dict, rstats, 
     # sampled by an older policy
     buffered = sum(len(tr.tokens) for g in run.scheduler.buffer for tr in g.samples)
     t = run.eg.size  # each of an engine group's t ranks adds 1/t of the engine's figures
-    (reward, n, tokens, truncated, new_tokens, off_policy, timeouts, errors, buffered, dropped) = all_sum(
+    failures = sorted(NOT_SCORED)  # each reason's count too: reward_errors/<reason>
+    (reward, n, tokens, truncated, new_tokens, off_policy, timeouts, errors, buffered, dropped, *failed) = all_sum(
         [float(rewards.sum()), len(rewards), sum(lengths), sum(tr.finish_reason == "length" for tr in trajs),
          rstats.new_tokens / t, off_policy, reasons.get("timeout", 0),
-         sum(reasons.get(k, 0) for k in ("crash", "error", "reward_error")),
-         buffered / t, rstats.dropped_groups / t], run.device)
+         sum(n for k, n in reasons.items() if k in NOT_SCORED or k == "crash"),
+         buffered / t, rstats.dropped_groups / t, *[reasons.get(k, 0) for k in failures]], run.device)
     every = sorted(all_gather_list(lengths))
     out = {"reward": reward / n, "response_len": tokens / n, "response_len_p50": every[len(every) // 2],
            "response_len_p90": every[int(len(every) * 0.9)], "response_len_max": every[-1],
            "truncated_frac": truncated / n, "rollout_tokens": new_tokens,
            "off_policy_token_frac": off_policy / max(1, tokens),
            "reward_timeouts": timeouts, "reward_errors": errors, "buffer_tokens": buffered, "dropped_groups": dropped,
-           "rollout_tok_per_s": new_tokens / max(1e-9, seconds["rollout"]), "max_in_flight": rstats.max_in_flight}
+           "rollout_tok_per_s": new_tokens / max(1e-9, seconds["rollout"]), "max_in_flight": rstats.max_in_flight,
+           **{f"reward_errors/{k}": c for k, c in zip(failures, failed) if c}}
     if run.device.type == "cuda":  # model FLOPs: 6 N per trained token, 2 N per generated / re-scored token
         n_params = sum(p.numel() for p in run.policy.parameters())
         flops = n_params * (6 * tokens + 2 * (new_tokens + tokens))
@@ -915,6 +917,16 @@ def start_episodes(run: Run, rows: list[dict]) -> Episodes | None:
         raise ConfigError(f"model_path {run.cfg.model_path}: {e}") from None
 
 
+def start_rewards(cfg: Config, rows: list[dict]) -> RewardPool:
+    """The rank's reward pool, once it scored a known answer where the rows' rewards can fail on this rank's device
+    (tasks.preflight: the Triton reward's sandbox without CUDA, a reference over its time)."""
+    pool = reward_pool(cfg)
+    if problem := reward_preflight(pool, rows):
+        pool.close()
+        raise TrainingError(problem)
+    return pool
+
+
 def close_workers(run: Run) -> None:
     """Reward and tool workers, then the engine (before the process group goes)."""
     run.pool.close()
@@ -959,7 +971,7 @@ def train_rl(cfg: Config) -> None:
     o = cfg.overlong
     run.overlong = Overlong(cfg.max_response_len, o.buffer, o.filter, every_rank, o.penalty_factor) if o.buffer or o.filter else None
     run.episodes = start_episodes(run, rows + run.eval_rows)
-    run.pool, run.engine = reward_pool(cfg), start_engine(run)
+    run.pool, run.engine = start_rewards(cfg, rows + run.eval_rows), start_engine(run)
     run.scheduler = CoprisScheduler(
         n=cfg.n_samples, groups=cfg.batch_groups // run.eg.count, concurrency=cfg.copris.concurrency,
         max_response_len=cfg.max_response_len, temperature=cfg.temperature, top_p=cfg.top_p,
@@ -1042,7 +1054,7 @@ def run_eval(cfg: Config) -> None:
     run.eval_rows, skipped = tokenize_prompts(rows, run.tok, cfg.max_prompt_len, cfg.chat_template)
     counts = data_counts(run, "eval", len(rows), skipped, f"prompt over max_prompt_len={cfg.max_prompt_len}")
     run.episodes = start_episodes(run, run.eval_rows)
-    run.pool, run.engine = reward_pool(cfg), start_engine(run)
+    run.pool, run.engine = start_rewards(cfg, run.eval_rows), start_engine(run)
     try:
         metrics = {**evaluate(run, samples_out=run.run_dir / "eval_samples.jsonl"), **counts}
         if run.rank == 0:

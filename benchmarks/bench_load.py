@@ -4,13 +4,12 @@ rests on. A table, then one JSON line.
 
     python benchmarks/bench_load.py                          # 1 process and 2 ranks, quiet and with 2 busy loops
     python benchmarks/bench_load.py --load busy --env OMP_WAIT_POLICY=ACTIVE   # under load only, with an env variant
-    python benchmarks/bench_load.py --load busy --busy_session own   # the busy loops each in a session of their own
+    python benchmarks/bench_load.py --load busy --busy_session same  # the busy loops in this script's session
 
 Each run is `bench_step.py [--nproc 2] --warmup W --steps S` (its median step over the timed steps, and its
-rollout and update phases); "busy" runs start `--busy` processes running `while True: pass` first (in this script's
-session, like jobs started from the same shell; --busy_session own: each in a session of its own) and stop them
-after. bench_step.py's one-process run re-runs itself in a session of its own as `python trainer.py` does (session.py;
---env RL_OWN_SESSION=0: it stays in this script's session, with the busy loops). The figure to read:
+rollout and update phases); "busy" runs start `--busy` processes running `while True: pass` first (each in a session
+of its own, as other users' jobs are; --busy_session same: in this script's session, with the one-process run, like
+jobs started from the same shell) and stop them after. The figure to read:
 one_vs_ranks_busy = one process's step / 2 ranks' step, both beside the busy loops (goal <= 1.5). Timings on a
 shared machine are noise: run it alone (the busy loops are the only other load).
 """
@@ -39,7 +38,7 @@ def bench_step(nproc: int, args, env: dict) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--busy", type=int, default=2, help="CPU-bound processes beside the busy runs")
-    ap.add_argument("--busy_session", choices=["same", "own"], default="same",
+    ap.add_argument("--busy_session", choices=["same", "own"], default="own",
                     help="the busy processes in this script's session (with the one-process run's parent) or each "
                          "in a session of its own (as another user's jobs)")
     ap.add_argument("--load", choices=["both", "quiet", "busy"], default="both")

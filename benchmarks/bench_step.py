@@ -76,9 +76,6 @@ from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-if __name__ == "__main__":  # one process in a session of its own, as `python trainer.py` runs (session.py)
-    import session
-    session.own_session(sys.argv[1:])
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as trainer.py sets it, before torch loads OpenMP
 import torch  # noqa: E402
 

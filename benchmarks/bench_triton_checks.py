@@ -6,10 +6,10 @@ program), on the shipped solutions (CPU, the interpreter). A table, then one JSO
     python benchmarks/bench_triton_checks.py --reps 3 matmul relu
     python benchmarks/bench_triton_checks.py --base /tmp/base  # before (that checkout's rewards/) and after
 
-Each solution runs through the candidate sandbox (rewards/triton_kernel.py's _sandbox, the task's cached reference
-stdin) with copies of rewards/triton_harness.py: as shipped, without the compile, without the record and checks,
-without both (the harness itself has no switch: the copies replace rewards/triton_gpu.py's GpuCompiler /
-hook_programs); with --base, instead, the harness and triton_gpu.py of another checkout ("before") and these
+Each solution runs through the candidate sandbox (rewards/triton/kernel.py's _sandbox, the task's cached reference
+stdin) with copies of rewards/triton/harness.py: as shipped, without the compile, without the record and checks,
+without both (the harness itself has no switch: the copies replace rewards/triton/gpu.py's GpuCompiler /
+hook_programs); with --base, instead, the harness and gpu.py of another checkout ("before") and these
 ("after"), alternated task by task in this one process. Every copy also times, inside the sandbox, the candidate's
 run (_Candidate.run), the calls of GpuCompiler.problem (the process waiting on the compiling process) and of
 Programs.record / finish ("race": the record and every check on it), and writes them to stderr. Per task: the
@@ -31,12 +31,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import triton  # noqa: E402
 
 from data.triton_tasks import load_tasks  # noqa: E402
-from rewards import triton_kernel  # noqa: E402
+from rewards.triton import kernel as triton_kernel  # noqa: E402
 
 TIMED = '''
 import time as _time
 import triton_gpu
+import triton_memory
 _SPENT = {"compile": 0.0, "race": 0.0}
+_MEMORY = triton_gpu if hasattr(triton_gpu, "Programs") else triton_memory   # a --base checkout before the split
 
 
 def _timed(cls, name, key):
@@ -52,8 +54,8 @@ def _timed(cls, name, key):
 
 
 _timed(triton_gpu.GpuCompiler, "problem", "compile")
-_timed(triton_gpu.Programs, "record", "race")
-_timed(triton_gpu.Programs, "finish", "race")
+_timed(_MEMORY.Programs, "record", "race")
+_timed(_MEMORY.Programs, "finish", "race")
 _timed(_Candidate, "run", "run")
 _run = _Candidate.run
 
@@ -68,12 +70,12 @@ _Candidate.run = _report
 '''
 NO_COMPILE = "\nimport triton_gpu\ntriton_gpu.GpuCompiler.__init__ = lambda self, text, load: None\n" \
     "triton_gpu.GpuCompiler.problem = lambda self, *args: None\n"
-NO_RACE = "\nimport triton_gpu\ntriton_gpu.hook_programs = lambda programs: None\n"
+NO_RACE = "\nimport triton_memory\ntriton_memory.hook_programs = lambda programs: None\n"
 VARIANTS = {"shipped": "", "no_compile": NO_COMPILE, "no_race": NO_RACE, "neither": NO_COMPILE + NO_RACE}
 
 
 def run_once(paths: tuple, task: dict, ref: dict, parent=triton_kernel) -> tuple:
-    """(sandbox wall s, {run, compile, race} s) of one candidate run with the harness and triton_gpu.py at paths;
+    """(sandbox wall s, {run, compile, race} s) of one candidate run with the harness and gpu.py at paths;
     parent: the triton_kernel module whose result format that harness writes (the base checkout's for "before")."""
     triton_kernel._HARNESS_PATH, triton_kernel._GPU_PATH = paths
     t0 = time.perf_counter()
@@ -98,11 +100,13 @@ def main() -> None:
     names = args.tasks or list(tasks)
     parents = {}
     if args.base:
-        base = os.path.join(args.base, "rewards")
-        spec = importlib.util.spec_from_file_location("base_triton_kernel", os.path.join(base, "triton_kernel.py"))
+        base = os.path.join(args.base, "rewards", "triton")   # since the package; before it rewards/triton_*.py
+        prefix = "" if os.path.isdir(base) else "triton_"
+        base = base if not prefix else os.path.dirname(base)
+        spec = importlib.util.spec_from_file_location("base_triton_kernel", os.path.join(base, prefix + "kernel.py"))
         parents["before"] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(parents["before"])
-        sources = {"before": (os.path.join(base, "triton_harness.py"), "", os.path.join(base, "triton_gpu.py")),
+        sources = {"before": (os.path.join(base, prefix + "harness.py"), "", os.path.join(base, prefix + "gpu.py")),
                    "after": (shipped[0], "", shipped[1])}
     else:
         sources = {variant: (shipped[0], change, shipped[1]) for variant, change in VARIANTS.items()}

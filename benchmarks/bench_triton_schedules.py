@@ -1,5 +1,5 @@
 """What issue 44's schedules and autotune cost per Triton candidate (CPU, the interpreter): the wall time of
-rewards.triton_kernel.execute for the honest kernels of tests/triton_corpus/schedules.py (4 runs of each case) and a
+rewards.triton.kernel.execute for the honest kernels of tests/triton_corpus/schedules.py (4 runs of each case) and a
 few shipped solutions (one run), median of --reps, with the rewards/ of --root (another checkout: its before).
 
     python benchmarks/bench_triton_schedules.py                     # this checkout
@@ -22,7 +22,7 @@ def main() -> None:
     args = ap.parse_args()
     sys.path[:0] = [os.path.join(HERE, "tests"), args.root]
     from data.triton_tasks import load_tasks
-    from rewards.triton_kernel import _reference, execute
+    from rewards.triton.kernel import _reference, execute
     from triton_corpus.schedules import CASES, HONEST
     tasks = {t["name"]: t for t in load_tasks()}
     items = [(cid + "/honest", task, honest) for cid, task, _, _, honest in CASES] + list(HONEST) + \

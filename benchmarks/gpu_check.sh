@@ -22,7 +22,8 @@
 #              0.5B-shape Qwen2 built on one NCCL rank, gathered in bf16, exported, reloaded        20 s   40 s
 #                                                                                          total  162 s  330 s
 # Optional phases, run only when GPU_CHECK_ONLY names them: kernels (the full kernel benchmark, bench_kernels.py
-# with a 240 s budget, limit 300 s), and where vLLM is installed (not on the lent machine) tinydata, grpo and prime
+# with a 240 s budget, limit 300 s), triton (gpu_probes.py triton: two shipped solutions and three corpus attacks
+# through the Triton reward's checked and native runs, both verdicts printed; limit 120 s), and where vLLM is installed (not on the lent machine) tinydata, grpo and prime
 # (2 GRPO / PRIME steps on the vLLM GPU path on a tiny model; 60 + 180 + 180 s; grpo and prime build tinydata).
 #
 #   bash benchmarks/gpu_check.sh OUT_DIR                 # the GPU machine (device tool: OUT_DIR=$OUT, carry .whl)
@@ -37,7 +38,7 @@
 # unknown phase name. The dry run gives each phase 5x its limit (a shared CPU).
 set -uo pipefail
 PHASES="preflight tests head step ckpt probes"  # the default run, in priority order (wheels always runs first)
-OPTIONAL="kernels tinydata grpo prime"
+OPTIONAL="kernels triton tinydata grpo prime"
 dry=0
 if [ "${1:-}" = "--cpu-dry-run" ]; then
     dry=1
@@ -168,6 +169,7 @@ phase step 95 "$py" benchmarks/bench_step.py --synthetic "${step_bench[@]}"
 phase ckpt 50 "$py" benchmarks/bench_step.py --synthetic --checkpoint "${ckpt_bench[@]}"
 phase probes 40 "$py" benchmarks/gpu_probes.py probes "${probes[@]}"
 phase kernels 300 "$py" benchmarks/bench_kernels.py "${kernel_bench[@]}"
+phase triton 120 "$py" benchmarks/gpu_probes.py triton
 if [[ " $only " == *" grpo "* || " $only " == *" prime "* || " $only " == *" tinydata "* ]]; then
     if "$py" -c "import vllm" >/dev/null 2>&1; then
         tiny=$tmp/tiny

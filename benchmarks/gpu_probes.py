@@ -5,6 +5,7 @@ what it finds as it goes (a killed run keeps those lines), then one JSON line la
     python benchmarks/gpu_probes.py preflight         # exit 2 without CUDA of compute capability >= 9.0
     python benchmarks/gpu_probes.py preflight --cpu   # the dry run: no GPU asked for
     python benchmarks/gpu_probes.py probes --size 0.5b
+    python benchmarks/gpu_probes.py triton            # the Triton reward's two verdicts on this device
 
 preflight: CUDA and compute capability >= 9.0 (else exit 2: gpu_check.sh stops), the device's properties,
 nvidia-smi's clocks, power, temperature and clock-event reasons, the versions against requirements.txt's pins
@@ -29,6 +30,11 @@ probes, on a one-rank process group (model.init_distributed: NCCL on CUDA, gloo 
   difference + 0.01 nats.
 - memory per phase (write, build, gather_bf16, export, logprobs): seconds, host peak RSS growth, torch's peak
   allocated and reserved growth, and the device's used memory (total - free) at the phase's end.
+
+triton (rewards/triton/kernel.py): two shipped solutions and three corpus attacks, each through the checked run
+(the interpreter with a GPU's semantics, the verdict) and, where CUDA is, the native run, then `execute`'s verdict;
+exit 1 unless every solution scores ok and every attack its corpus reason. Without bwrap (the lent image) it runs
+with the sandbox's opt-out (rlimits only): the candidates are the corpus's own.
 """
 import argparse
 import contextlib
@@ -265,9 +271,39 @@ def probes(args) -> int:
     return 0 if grad["ok"] and built["ok"] else 1
 
 
+def triton_verdicts() -> int:
+    import os
+    sys.path.insert(0, str(ROOT / "tests"))
+    from data.triton_tasks import load_tasks
+    from rewards.sandbox import bwrap_problem
+    from rewards.triton import kernel
+    from triton_corpus import gpu_rules, round6, schedules
+    if bwrap_problem():
+        os.environ["RL_SANDBOX_OPT_OUT"] = "1"
+    tasks = {t["name"]: t for t in load_tasks()}
+    lost = next(a for a in gpu_rules.ATTACKS if a.id == "total_sum_lost_updates")
+    candidates = [("relu", "relu", tasks["relu"]["solution"], "ok"), ("matmul", "matmul", tasks["matmul"]["solution"], "ok"),
+                  *[(c[0], c[1], c[2], c[3]) for c in round6.CASES + schedules.CASES
+                    if c[0] in ("max_over_garbage", "load_then_store")], (lost.id, lost.task, lost.code, lost.reason)]
+    cuda, rows = torch.cuda.is_available(), []
+    for name, task, code, expected in candidates:
+        row = {"candidate": name, "expected": expected,
+               "checked": kernel._run(code, tasks[task], kernel._CHECKED, 60)[1]["reason"],
+               "native": kernel._run(code, tasks[task], kernel._NATIVE, 60)[1]["reason"] if cuda else "no CUDA"}
+        score, info = kernel.execute(code, tasks[task], 60)
+        row.update(verdict=info["reason"], speedup=info.get("speedup"))
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    right = sum(r["verdict"] == r["expected"] for r in rows)
+    found = f"Triton reward: {right}/{len(rows)} verdicts as expected; native: " + \
+        ", ".join(f"{r['candidate']} {r['native']}" for r in rows)
+    print(json.dumps({"bench": "triton", "verdicts": rows, "found": found}))
+    return 0 if right == len(rows) else 1
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["preflight", "probes"])
+    ap.add_argument("what", choices=["preflight", "probes", "triton"])
     ap.add_argument("--cpu", action="store_true", help="preflight: the dry run, no GPU required")
     ap.add_argument("--size", default="0.5b", help="probes: bench_step.SIZES' architecture (tied for the probe)")
     ap.add_argument("--vocab", type=int, default=151936, help="probes: the weight-gradient probe's V")
@@ -275,6 +311,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.what == "preflight":  # imports the project only once CUDA is there, and reports an import failure
         sys.exit(preflight(args))
+    if args.what == "triton":
+        sys.exit(triton_verdicts())
     import launch
     launch.exit_process(probes(args))  # leaves the process group, ends without interpreter finalization
 

@@ -22,7 +22,9 @@ Device: a worker sees only its rank's GPU, as cuda:0 (CUDA_VISIBLE_DEVICES as re
 it, LOCAL_RANK 0), so a reward function that loads a model on "cuda" lands on its rank's GPU, not on GPU 0.
 
 Files: every worker's temporary files (tempfile, TMPDIR: the sandbox's scratch dirs, captured output, a candidate's
-inputs) live in its own directory under one root per pool, `$TMPDIR/rlpool-<parent pid>-*`. A killed worker's
+inputs) live in its own directory under one root per pool, `$TMPDIR/rlpool-<parent pid>-*`; what the workers of a
+pool compute once for all of them (a Triton task's reference) goes in the root's `shared/`, named to them by the
+environment variable SHARED_DIR_ENV. A killed worker's
 directory is deleted with it, the root at close(), and a new pool deletes the roots of pools whose process is gone
 (a SIGKILLed trainer). The workers ignore SIGINT and SIGTERM: the trainer decides when the run stops.
 """
@@ -43,6 +45,7 @@ from rewards.sandbox import rank_gpu_env
 from tasks import prepare_row, score_row
 
 MAX_START_FAILURES = 3  # consecutive failed worker starts before the pool gives up (WorkerStartError)
+SHARED_DIR_ENV = "RL_POOL_SHARED"  # a worker's path of its pool's shared/ directory
 
 
 class WorkerStartError(RuntimeError):
@@ -54,6 +57,7 @@ def _worker(conn, fn, prepare, tmp: str, timeout_s: float, env: dict) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):  # the trainer owns shutdown: a Ctrl-C or SIGTERM meant for the
         signal.signal(sig, signal.SIG_IGN)     # run must not kill its reward workers mid-batch
     os.environ["TMPDIR"] = tempfile.tempdir = tmp  # everything temporary lands where the pool can delete it
+    os.environ[SHARED_DIR_ENV] = os.path.join(os.path.dirname(tmp), "shared")
     conn.send("ready")
     while True:
         job = conn.recv()
@@ -107,6 +111,7 @@ class RewardPool:
         base = tempfile.gettempdir()
         _sweep_stale_roots(base)
         self.root = tempfile.mkdtemp(prefix=f"rlpool-{os.getpid()}-", dir=base)
+        os.mkdir(os.path.join(self.root, "shared"))
         self.starts = 0  # worker processes started (names their file directories)
         self.start_failures = 0  # consecutive
         self.procs = [None] * max(1, workers)  # worker index -> (process, connection, its tmp dir)

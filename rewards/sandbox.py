@@ -48,7 +48,10 @@ _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc/ld.so.cache", "
                 "/etc/ld.so.conf.d", "/etc/alternatives")
 _GPU_PATHS = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia0", "/dev/nvidia1",
               "/dev/nvidia2", "/dev/nvidia3", "/dev/nvidia4", "/dev/nvidia5", "/dev/nvidia6", "/dev/nvidia7",
-              "/dev/dri", "/sys")
+              "/dev/nvidia-caps", "/dev/dri", "/sys")   # nvidia-caps: MIG instances
+# what the CUDA driver, runtime and Triton find their libraries by (NGC images, GKE's /usr/local/nvidia/lib64,
+# conda): passed into a GPU sandbox, each existing directory they name bound read-only (_gpu_dirs)
+_GPU_ENV = ("LD_LIBRARY_PATH", "TRITON_LIBCUDA_PATH", "TRITON_PTXAS_PATH", "CUDA_HOME", "CUDA_PATH")
 _NAMESPACES = ("--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try")
 _UID_BASE = 1_000_000      # sandbox uids are drawn from [_UID_BASE, _UID_BASE + 2**20): unused by real accounts
 _SCRATCH = "/scratch"      # the script's cwd inside bwrap
@@ -168,11 +171,47 @@ def _bwrap_argv(host_dir: str, names_ro: tuple, names_rw: tuple, gpu: bool, tmp_
         for path in _GPU_PATHS:
             if os.path.exists(path):
                 bind("--dev-bind" if path.startswith("/dev/") else "--ro-bind", path)
+        for path in _gpu_dirs():
+            bind("--ro-bind", path, os.path.realpath(path))
     for flag, names in (("--ro-bind", names_ro), ("--bind", names_rw)):
         for name in names:
             argv += [flag, os.path.join(host_dir, name), f"{_SCRATCH}/{name}"]
     argv += ["--chdir", _SCRATCH]
     return argv
+
+
+def _gpu_dirs(env=os.environ) -> list:
+    """The existing directories _GPU_ENV's variables name (a file's directory for a file), but never the cwd, an
+    ancestor of it or anything inside it (the repository and its reference solutions stay out of the sandbox)."""
+    here, out = os.path.realpath(os.getcwd()), []
+    for name in _GPU_ENV:
+        for path in env.get(name, "").split(os.pathsep):
+            path = os.path.realpath(path) if path else ""
+            path = path if os.path.isdir(path) else os.path.dirname(path) if os.path.isfile(path) else ""
+            if path and os.path.commonpath([path, here]) not in (path, here) and path not in out:
+                out.append(path)
+    return out
+
+
+def gpu_problem(env=os.environ) -> str | None:
+    """Why this rank's GPU sandboxes cannot run beside it, or None: an MPS server (its pipe directory: one client's
+    fault can end every client of the GPU, the trainer's context included, and the sandbox's private /tmp hides the
+    default pipe) or a GPU in EXCLUSIVE_PROCESS mode (the rank's own context takes the one process it admits)."""
+    pipe = env.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
+    if os.path.exists(os.path.join(pipe, "control")):
+        return (f"an NVIDIA MPS server runs ({pipe}/control): sandboxed Triton rewards are not run under MPS (a "
+                f"candidate's fault can end the trainer's context); stop it (echo quit | nvidia-cuda-mps-control)")
+    smi = shutil.which("nvidia-smi", path=env.get("PATH"))
+    try:
+        mode = subprocess.run([smi, "--query-gpu=compute_mode", "--format=csv,noheader", "-i",
+                               rank_gpu_env(env)["CUDA_VISIBLE_DEVICES"]], capture_output=True, text=True,
+                              timeout=30).stdout if smi else ""
+    except (OSError, subprocess.TimeoutExpired):
+        mode = ""
+    if "exclusive_process" in mode.lower():
+        return ("the GPU is in EXCLUSIVE_PROCESS compute mode: the trainer's context leaves none for the Triton "
+                "reward's sandboxes; set it to DEFAULT (nvidia-smi -c DEFAULT) or score Triton rewards elsewhere")
+    return None
 
 
 def rank_gpu_env(env=os.environ) -> dict:
@@ -186,6 +225,11 @@ def rank_gpu_env(env=os.environ) -> dict:
     if "CUDA_DEVICE_ORDER" in env:
         out["CUDA_DEVICE_ORDER"] = env["CUDA_DEVICE_ORDER"]
     return out
+
+
+def _passed_gpu_env(env=os.environ) -> dict:
+    """A GPU sandbox's part of the environment: the rank's device alone (rank_gpu_env) and _GPU_ENV as set here."""
+    return {**{k: env[k] for k in _GPU_ENV if k in env}, **rank_gpu_env(env)}
 
 
 def inner_limit(timeout_s: float) -> float:
@@ -459,7 +503,7 @@ def remove_tree(path: str) -> None:
 def run_python(script: str, files: dict | None = None, *, timeout_s: float = 60.0, cpu_s: int | None = None,
                mem_mb: int = 4096, nproc: int = 64, fsize_mb: int = 64, tmp_mb: int = 64, disk_mb: int = 128,
                max_output: int = 1 << 16, read_back: tuple = (), env: dict | None = None, stdin: bytes | str = "",
-               pass_fds: tuple = (), gpu: bool = False, use_bwrap: bool = True) -> SandboxResult:
+               pass_fds: tuple = (), gpu: bool = False, use_bwrap: bool = True, wrapper: tuple = ()) -> SandboxResult:
     """Run `script` (Python source) with the current interpreter in a fresh scratch directory (its cwd).
 
     files: {plain file name: str | bytes} the script can read (read-only under bwrap); a name with a "/"
@@ -473,9 +517,11 @@ def run_python(script: str, files: dict | None = None, *, timeout_s: float = 60.
     read_back: names the script may write in its cwd, returned in .files unless left empty; env: extra
         environment variables; stdin: its input; pass_fds: open fds it inherits (pipes to a peer), closed
         here once it has them, so the peer sees EOF when the script ends;
-    gpu: expose /dev/nvidia* and /sys, limit the data segment instead of the address space, and show CUDA only
-        this rank's device (rank_gpu_env: its "cuda" is the rank's GPU, not GPU 0);
-    use_bwrap: False forces the fallback without bwrap (tests use it)."""
+    gpu: expose /dev/nvidia* (nvidia-caps: MIG) and /sys, limit the data segment instead of the address space, show
+        CUDA only this rank's device (rank_gpu_env: its "cuda" is the rank's GPU, not GPU 0), and pass the loader
+        variables _GPU_ENV with the directories they name (_gpu_dirs);
+    use_bwrap: False forces the fallback without bwrap (tests use it); wrapper: a trusted program (and its
+        arguments) the interpreter runs under, inside the sandbox (compute-sanitizer)."""
     t0 = time.monotonic()
     timeout_s = inner_limit(timeout_s)
     problem = bwrap_problem() if use_bwrap else "bwrap disabled by the caller"
@@ -526,15 +572,15 @@ def run_python(script: str, files: dict | None = None, *, timeout_s: float = 60.
                                 "as root, RLIMIT_NPROC does not bind it")
         if uid is not None:     # fresh uid: RLIMIT_NPROC counts only this sandbox, nothing outside is writable
             enforced.append("fresh uid, all its processes killed after the run")
-            cmd += [sys.executable, "-c", _DROP_AND_RUN, str(uid), _MAIN]
+            cmd += [*wrapper, sys.executable, "-c", _DROP_AND_RUN, str(uid), _MAIN]
             limit = nproc
         else:
-            cmd += [sys.executable, _MAIN]
+            cmd += [*wrapper, sys.executable, _MAIN]
             limit = _tasks_of_uid(os.getuid()) + nproc
         run_env = {"PATH": "/usr/bin:/bin", "HOME": home, "USER": "sandbox", "LANG": "C.UTF-8",
                    "TMPDIR": "/tmp" if problem is None else host, "PYTHONDONTWRITEBYTECODE": "1",
                    "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-                   "OPENBLAS_NUM_THREADS": "1", **(rank_gpu_env() if gpu else {}), **(env or {})}
+                   "OPENBLAS_NUM_THREADS": "1", **(_passed_gpu_env() if gpu else {}), **(env or {})}
         cpu = cpu_s if cpu_s is not None else int(timeout_s) + 1
         with open(os.path.join(outdir, "stdin"), "wb") as f:
             f.write(stdin.encode() if isinstance(stdin, str) else stdin)

@@ -29,12 +29,13 @@ characters but newline and tab, at most MAX_OBS_CHARS characters. Its ids never 
 chat markers, tool-call tokens, eos): Observations.text_ids, the one place every environment's output is tokenized.
 """
 import ast
-import importlib
 import json
 import math
 import operator
 import re
 from fractions import Fraction
+
+from tasks import prepare_module
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 MAX_OBS_CHARS = 1 << 14  # characters of a tool's output kept before tokenizing (then max_obs_tokens applies)
@@ -103,10 +104,11 @@ _instances: dict[str, Environment] = {}
 
 
 def prepare_tool(env: str, row: dict, segment: str) -> None:
-    """In a tool worker, before the call's wall limit starts (rewards/pool.py): the environment and its imports."""
+    """In a tool worker, before the call's wall limit starts (rewards/pool.py): the environment, its imports and the
+    module's `prepare(row)` where it has one (the Triton reward's reference: tasks.prepare_row)."""
     instance = _instances.setdefault(env, ENVIRONMENTS[env]())
     if instance.module:
-        importlib.import_module(instance.module)
+        prepare_module(instance.module, row)
 
 
 def run_tool(env: str, row: dict, segment: str) -> tuple[str, dict]:
@@ -220,10 +222,10 @@ class TritonRefine(Environment):
     setup."""
     tools = {"test_kernel": "check a Triton kernel: {\"code\": \"<python source with @triton.jit>\"} -> ok or what "
                             "failed (lint, compile, wrong output, crash, timeout)"}
-    module = "rewards.triton_kernel"
+    module = "rewards.triton.kernel"
 
     def call(self, row, name, arguments):
-        from rewards.triton_kernel import triton_reward
+        from rewards.triton.kernel import triton_reward
         code = arguments.get("code")
         if not isinstance(code, str):
             raise ToolFault("malformed", 'test_kernel takes {"code": "<python source>"}')

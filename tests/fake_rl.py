@@ -198,12 +198,13 @@ def run_args(tiny: Path, run_dir: Path, *extra) -> list[str]:
             "--lr=1e-2", "--chat_template=false", *extra]
 
 
-def train(argv: list[str], state: bool = False) -> Result:
+def train(argv: list[str], state: bool = False, score=None) -> Result:
     """trainer.train_rl / train_sft (the config's mode) on `argv` with the fakes, recording every update; state:
-    record the saved and restored states too (else checkpoints are not written)."""
+    record the saved and restored states too (else checkpoints are not written); score: the pool's job function
+    (row, completion, ctx) -> (score, info) in place of FakePool's."""
     cfg = trainer.load_config(argv, world=1)
     user = cfg.reward.funcs and UserReward(parse(cfg.reward.funcs, cfg.reward.weights))
-    res = Result(cfg, FakeEngine(), FakePool(user or None))
+    res = Result(cfg, FakeEngine(), FakePool(score or user or None))
     real_update, real_save, real_resume = trainer.policy_update, trainer.save_checkpoint, trainer.resume_or_start
 
     def policy_update(run, rows):

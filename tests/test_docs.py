@@ -51,7 +51,7 @@ def config_fields() -> dict:
     return dict(walk(trainer.Config, ""))
 
 
-PRODUCT = ("trainer.py", "config.py", "launch.py", "session.py", "report.py", "model.py", "tasks.py", "data", "rewards",
+PRODUCT = ("trainer.py", "config.py", "launch.py", "report.py", "model.py", "tasks.py", "data", "rewards",
            "rollout", "kernels")  # not tests/ or benchmarks/: a stale key in a test or a benchmark's command must not excuse one
 
 

@@ -144,3 +144,17 @@ def test_peak_rss_without_clear_refs_is_getrusages_or_not_measured(monkeypatch, 
     monkeypatch.setattr(HM, "CLEAR_REFS", str(tmp_path / "clear_refs"))
     linux = HM.PeakRSS()
     assert linux.bytes() == 3000 * 1024 and linux.source == "VmHWM" and (tmp_path / "clear_refs").read_text() == "5"
+
+
+@pytest.mark.slow
+def test_the_triton_phase_prints_both_verdicts(tmp_path):
+    """GPU_CHECK_ONLY=triton on CPU: the five candidates' checked verdicts as expected (the native run says no CUDA),
+    one JSON line per candidate and the phase's line with `found`."""
+    p = subprocess.run(["bash", "benchmarks/gpu_check.sh", "--cpu-dry-run", str(tmp_path)], cwd=ROOT,
+                       env={**os.environ, "GPU_CHECK_ONLY": "triton"}, capture_output=True, text=True, timeout=1500)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    [line] = [x for x in map(json.loads, (tmp_path / "results.jsonl").read_text().splitlines()) if x["phase"] != "wheels"]
+    assert line["phase"] == "triton" and line["found"].startswith("Triton reward: 5/5 verdicts as expected"), line
+    assert {v["candidate"]: v["checked"] for v in line["verdicts"]} == {
+        "relu": "ok", "matmul": "ok", "max_over_garbage": "wrong_output", "load_then_store": "wrong_output",
+        "total_sum_lost_updates": "race"}, line

@@ -22,6 +22,7 @@ def as_documented(key: str) -> str:
     """A logged key as the page writes it: @4 -> @k, eval/<a data source>/x -> eval/<source>/x."""
     key = re.sub(r"@\d+$", "@k", key)
     key = re.sub(r"^reward/.+$", "reward/<function>", key)
+    key = re.sub(r"^reward_errors/.+$", "reward_errors/<reason>", key)
     return re.sub(r"^eval/[^/]+/(greedy_acc|mean@k|pass@k)$", r"eval/<source>/\1", key)
 
 
@@ -46,12 +47,16 @@ def test_the_page_names_exactly_the_keys_runs_write(world_of_one, tiny, tiny_too
             "tools": tools,
             "sft": ("--mode=sft", f"--train_data={data / 'sft.jsonl'}", "--sft_epochs=0", "--sft_batch_rows=16",
                     "--max_response_len=96", f"--eval_data={data / 'sft.jsonl'}")}
+    flaky = tmp_path / "flaky.py"     # fails for about half the samples: reward_errors/reward_error
+    flaky.write_text("def odd_fails(row, completion):\n    if len(completion) % 2:\n        raise ValueError('odd')\n"
+                     "    return 0.0\n")
+    runs["overlong"] = (*runs["overlong"][:1], runs["overlong"][1] + f",{flaky}:odd_fails", "--reward.weights=1,0.5,1")
     logged = {}
     for name, extra in runs.items():
         for line in train(run_args(tiny, tmp_path / name, *extra)).metrics:
             logged.update(dict.fromkeys(line, name))
     for needle in ("eval/a/pass@2", "correction/weight_mean", "prm_acc", "overlong/penalty_mean", "tools/call_rate", "eval/tool_call_rate",
-                   "sft_loss", "data/eval_rows", "reward/digit_share", "eval/val_loss"):
+                   "sft_loss", "data/eval_rows", "reward/digit_share", "eval/val_loss", "reward_errors/reward_error"):
         assert needle in logged, f"the runs no longer log {needle}: the check would miss its kind"
     missing = {k: run for k, run in logged.items() if as_documented(k) not in documented()}
     assert not missing, f"keys runs write that docs/metrics.md does not name: {missing}"

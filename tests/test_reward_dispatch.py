@@ -35,17 +35,17 @@ def test_triton_eval_reads_the_trainers_eval_samples_and_checks_a_solution(tmp_p
                                    "completion": relu["completion"], "score": 1.0, "reason": "ok"}) + "\n" +
                        json.dumps({"id": 2, "data_source": "math", "task": "math", "name": None, "kind": "greedy",
                                    "completion": "\\boxed{2}", "score": 1.0, "reason": "ok"}) + "\n")
-    p = subprocess.run([sys.executable, "-m", "rewards.triton_eval", str(samples)], cwd=root, capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "rewards.triton.eval", str(samples)], cwd=root, capture_output=True,
                        text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "skipped 1 rows" in p.stdout and json.loads(p.stdout.splitlines()[-1])["exec"] == 1.0, p.stdout
     solution = next((root / "data" / "triton_tasks" / "solutions").rglob("relu.py"))
-    p = subprocess.run([sys.executable, "-m", "rewards.triton_eval", "--check", str(solution)], cwd=root,
+    p = subprocess.run([sys.executable, "-m", "rewards.triton.eval", "--check", str(solution)], cwd=root,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and "relu: score 1.0 (ok)" in p.stdout, p.stdout + p.stderr[-2000:]
     wrong = tmp_path / "relu.py"  # the same kernel with the wrong threshold: must not pass
     wrong.write_text(solution.read_text().replace("0.0", "0.5"))
-    p = subprocess.run([sys.executable, "-m", "rewards.triton_eval", "--check", str(wrong)], cwd=root,
+    p = subprocess.run([sys.executable, "-m", "rewards.triton.eval", "--check", str(wrong)], cwd=root,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 1 and "relu: score 0.0" in p.stdout, p.stdout + p.stderr[-2000:]
 

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from rewards import sandbox, triton_kernel
+from rewards import sandbox
+from rewards.triton import kernel as triton_kernel
 from rewards.sandbox import bwrap_problem, rank_gpu_env, run_python
 
 BOTH = [pytest.param(True, marks=pytest.mark.skipif(bwrap_problem() is not None, reason=f"{bwrap_problem()}")), False]

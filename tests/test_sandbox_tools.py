@@ -51,7 +51,7 @@ def test_triton_refinement_answers_the_rewards_verdict_without_the_hidden_data()
     wrong = task["solution"].replace("tl.maximum(x, 0.0)", "tl.maximum(x, 1.0)")
     assert wrong != task["solution"]
     text, info = run_tool("triton_refine", task, call("test_kernel", code=wrong))
-    assert text == "failed: wrong_output: case 0: values differ (atol=rtol=0.0001)", text
+    assert text == "failed: wrong_output: values differ from the reference (atol=rtol=0.0001)", text
     text, _ = run_tool("triton_refine", task, call("test_kernel", code="import torch\nclass ModelNew: pass"))
     assert text.startswith("failed: lint_"), text
 

@@ -22,9 +22,9 @@ import pytest
 import torch
 
 from data.triton_tasks import load_tasks
-from rewards import triton_language
+from rewards.triton import language as triton_language
 from rewards.sandbox import bwrap_problem, running_sandboxes
-from rewards.triton_kernel import Malformed, _parse_result, _reference, execute, lint, triton_reward
+from rewards.triton.kernel import Malformed, _parse_result, _reference, execute, lint, triton_reward
 from triton_corpus.attacks import ATTACKS
 from triton_corpus.honest import HONEST
 
@@ -195,7 +195,7 @@ def test_harness_refuses_kernel_arguments_a_body_could_compute_with():
     """Class 4: what may reach a kernel body is a tensor (never as tl.constexpr), an exact scalar, a Triton dtype or
     constexpr of one, or a tuple of those."""
     import triton.language as tl
-    from rewards.triton_harness import _argument_problem
+    from rewards.triton.harness import _argument_problem
 
     class Int(int):
         pass

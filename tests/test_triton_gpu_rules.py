@@ -6,7 +6,7 @@ or wrong_output under another schedule of the programs), the linter takes under 
 used to take seconds to minutes (over 100 KB: lint_size), and the honest kernels the new rules must keep (builtins on
 constexprs, atomics, persistent tl.range loops, tl.reduce with a tuple combine, tl.swizzle2d) score 1.0. One run
 per class and one honest kernel are in the quick suite, the rest are slow. Unit tests of the race rule
-(rewards/triton_gpu.py) run without a sandbox; the order programs run in: tests/test_triton_schedules.py.
+(rewards/triton/gpu.py) run without a sandbox; the order programs run in: tests/test_triton_schedules.py.
 """
 import time
 
@@ -15,8 +15,8 @@ import pytest
 
 from data.triton_tasks import load_tasks
 from rewards.sandbox import bwrap_problem, running_sandboxes
-from rewards.triton_gpu import Programs, _first_clash
-from rewards.triton_kernel import lint, triton_reward
+from rewards.triton.memory import Programs, _first_clash
+from rewards.triton.kernel import lint, triton_reward
 from triton_corpus.gpu_rules import ATTACKS, HONEST
 
 TASKS = {t["name"]: t for t in load_tasks()}

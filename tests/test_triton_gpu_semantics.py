@@ -1,4 +1,4 @@
-"""Issue 44: the interpreter behaves like the GPU it stands for (rewards/triton_gpu.py, rewards/triton_harness.py).
+"""Issue 44: the interpreter behaves like the GPU it stands for (rewards/triton/gpu.py, rewards/triton/harness.py).
 
 For each class done, an attack that scored 1.0 on main (before this issue's fix) and an honest kernel in the same
 style that keeps scoring 1.0, through triton_reward:
@@ -7,7 +7,8 @@ style that keeps scoring 1.0, through triton_reward:
              fresh memory, wrong_output; the same kernel into torch.zeros scores
   tf32       an fp32 tl.dot with the default input precision: TF32 operands on sm_90, wrong_output at 1e-4;
              input_precision="ieee" scores
-  messages   a race's and a bounds failure's public detail names the kernel and the argument only
+  messages   a race's and a bounds failure's detail names the kernel, the argument, programs and elements; their
+             public text is the reason's own sentence (issue 52: which argument races can be the inputs' choice)
   builtins   min / max / and / or / not / conditions / assert on kernel values as sm_90's compiler compiles them
              (each form's TTIR equals its explicit twin's, the interpreter agrees bit for bit); the honest leaky
              ReLU with Python's max scored wrong_output on main, now 1.0
@@ -20,7 +21,7 @@ import pytest
 
 from data.triton_tasks import load_tasks
 from rewards.sandbox import bwrap_problem
-from rewards.triton_kernel import lint, triton_reward
+from rewards.triton.kernel import PUBLIC, lint, triton_reward
 from triton_corpus.gpu_rules import ATTACKS, model
 
 TASKS = {t["name"]: t for t in load_tasks()}
@@ -72,14 +73,14 @@ def test_attack_scores_zero_and_its_honest_twin_one(cid, task, attack, reason, h
 
 
 @needs_bwrap
-def test_race_and_bounds_messages_name_the_kernel_and_argument_only():
+def test_race_and_bounds_messages_show_the_reason_only():
     race = next(a for a in ATTACKS if a.id == "total_sum_lost_updates")
     score, info = triton_reward(race.code, TASKS[race.task], timeout_s=60)
-    assert info["reason"] == "race" and "element 0 of out_ptr" in info["detail"], info
-    assert info["public"] == "runtime: ['race: sum_kernel: out_ptr']", info
+    assert info["reason"] == "race" and "race: sum_kernel: out_ptr: " in info["detail"], info
+    assert "element 0 of out_ptr" in info["detail"] and info["public"] == PUBLIC["race"], info
     score, info = triton_reward(CASES[0][2], TASKS["relu"], timeout_s=60)
-    assert info["reason"] == "out_of_bounds" and "bytes outside" in info["detail"], info
-    assert info["public"] == "runtime: ['out_of_bounds: relu_kernel: x_ptr']", info
+    assert info["reason"] == "out_of_bounds" and "out_of_bounds: relu_kernel: x_ptr: " in info["detail"], info
+    assert "bytes outside" in info["detail"] and info["public"] == PUBLIC["out_of_bounds"], info
 
 
 # ---- builtins and boolean operators on kernel values, as the compiler compiles them (triton_gpu._Semantics) ----
@@ -128,7 +129,7 @@ def _ttir(kernel) -> str:
     import re
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, compile
-    from rewards.triton_gpu import _GPU_TARGET
+    from rewards.triton.gpu import _GPU_TARGET
     signature = {"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "slope": "fp32",
                  "C": "constexpr", "BLOCK": "constexpr"}
     ttir = compile(ASTSource(kernel, signature, {"C": 3, "BLOCK": 16}), target=GPUTarget(*_GPU_TARGET)).asm["ttir"]
@@ -140,7 +141,7 @@ def _interpret(kernel, monkeypatch):
     """out of the kernel under Triton's interpreter with the sandbox's rewrite (n=7, slope=0.25, C=3)."""
     import torch
     from triton.runtime import interpreter
-    from rewards import triton_gpu
+    from rewards.triton import gpu as triton_gpu
     monkeypatch.setattr(interpreter, triton_gpu._SEMANTICS, triton_gpu._Semantics, raising=False)
     monkeypatch.setattr(interpreter.FunctionRewriter, "ast_transformer", triton_gpu.gpu_transformer())
     x = torch.tensor([1.5, -2.0, 0.0, -0.0, float("nan"), 3.0, -0.5, 0.25] * 2)
@@ -203,8 +204,8 @@ def test_tensor_descriptors_run_with_bounds_on_what_they_access():
     score, info = triton_reward(honest, TASKS["relu"], timeout_s=60)
     assert (score, info["reason"]) == (1.0, "ok"), info
     score, info = triton_reward(overreach, TASKS["relu"], timeout_s=60)
-    assert (score, info["reason"]) == (0.0, "out_of_bounds"), info
-    assert info["public"] == "runtime: ['out_of_bounds: relu_kernel: x_ptr']", info
+    assert (score, info["reason"], info["public"]) == (0.0, "out_of_bounds", PUBLIC["out_of_bounds"]), info
+    assert "out_of_bounds: relu_kernel: x_ptr: " in info["detail"], info
 
 
 # ---- stores inside one program are visible to its other lanes only after tl.debug_barrier (Visibility) ----
@@ -252,7 +253,7 @@ def test_visibility_attack_scores_zero_and_its_honest_twin_one(cid, task, attack
     assert lint(attack) == lint(honest) == (None, "")
     score, info = triton_reward(attack, TASKS[task], timeout_s=60)
     assert (score, info["reason"]) == (0.0, reason), info
-    assert info["public"] == "runtime: ['race: relu_kernel: scratch_ptr']", info
+    assert info["public"] == PUBLIC["race"] and "race: relu_kernel: scratch_ptr: " in info["detail"], info
     score, info = triton_reward(honest, TASKS[task], timeout_s=60)
     assert (score, info["reason"]) == (1.0, "ok"), info
 
@@ -277,7 +278,8 @@ def test_lanes_that_store_different_values_to_one_byte_race():
     honest = model(ONE_ADDRESS.replace("VALUE", "tl.sum(x, axis=0) + cols * 0.0"), ONE_ADDRESS_LAUNCH)
     assert lint(attack) == lint(honest) == (None, "")
     score, info = triton_reward(attack, TASKS["row_sum"], timeout_s=60)
-    assert (score, info["reason"], info["public"]) == (0.0, "race", "runtime: ['race: row_sum_kernel: out_ptr']"), info
+    assert (score, info["reason"], info["public"]) == (0.0, "race", PUBLIC["race"]), info
+    assert "race: row_sum_kernel: out_ptr: " in info["detail"], info
     score, info = triton_reward(honest, TASKS["row_sum"], timeout_s=60)
     assert (score, info["reason"]) == (1.0, "ok"), info
 
@@ -314,7 +316,7 @@ def test_visibility_rule_lanes_barriers_and_programs():
     (program order), is not."""
     from types import SimpleNamespace as Handle
     import numpy as np
-    from rewards.triton_gpu import Visibility, _bytes
+    from rewards.triton.memory import Visibility, _bytes
 
     def access(v, kind, program, addresses, mask=None, values=None):
         ptrs = Handle(data=np.array(addresses, np.uint64), get_element_ty=lambda: Handle(primitive_bitwidth=32))
@@ -357,7 +359,7 @@ def test_visibility_rule_lanes_barriers_and_programs():
 
 def test_the_semantics_global_is_reserved():
     """A file binding the global through which rewritten kernels reach _Semantics would run its own code there."""
-    from rewards.triton_language import _triton_reads
+    from rewards.triton.language import _triton_reads
     assert "_triton_gpu_semantics" in _triton_reads()
     code = LEAKY_BUILTIN_MAX.replace("class ModelNew", "_triton_gpu_semantics = tl.constexpr(1)\n\n\nclass ModelNew")
     assert lint(code)[0] == "lint_name", lint(code)

@@ -6,7 +6,7 @@ import pytest
 
 from data.triton_tasks import load_tasks
 from rewards.sandbox import bwrap_problem
-from rewards.triton_kernel import lint, triton_reward
+from rewards.triton.kernel import lint, triton_reward
 from triton_corpus.honest import HONEST
 
 TASKS = {t["name"]: t for t in load_tasks()}

@@ -1,8 +1,8 @@
-"""rewards/triton_kernel.py: code extraction, the linter, adversarial candidates (each scores 0 with its
+"""rewards/triton/kernel.py: code extraction, the linter, adversarial candidates (each scores 0 with its
 reason and leaves the machine unharmed), and every shipped task solution scoring 1.0 under TRITON_INTERPRET=1.
 
 Sandboxed runs go through a 2-worker thread pool (each is a subprocess); the reference of a task runs once
-per pytest process (rewards.triton_kernel caches it).
+per pytest process (rewards.triton.kernel caches it).
 """
 import os
 import socket
@@ -18,7 +18,7 @@ from data.triton_tasks import CATEGORIES, build_prompt, load_tasks, task_rows
 from rewards import sandbox
 from rewards.sandbox import OPT_OUT_ENV, bwrap_problem, running_sandboxes
 from rewards.code import extract_code
-from rewards.triton_kernel import execute, lint, triton_reward
+from rewards.triton.kernel import execute, lint, triton_reward
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = {t["name"]: t for t in load_tasks()}
@@ -413,6 +413,9 @@ for _ in range(22):
 torch.save({"error": "runtime_error", "detail": a}, "result.pt")
 os._exit(0)"""), {"early_exit"}),
     ("deep_directory_tree", relu_candidate(LAUNCH, """import os
+top = f"d{len(os.listdir('.'))}"    # a new tree each time the module runs (every further run of a case reloads it)
+os.mkdir(top)
+os.chdir(top)
 for _ in range(3000):
     os.mkdir("d")
     os.chdir("d")
@@ -603,7 +606,7 @@ def test_wrong_solution_scores_zero():
 
 @needs_bwrap
 def test_eval_call_and_exec_accuracy(tmp_path):
-    from rewards.triton_eval import score_completions, summarize
+    from rewards.triton.eval import score_completions, summarize
     rows = [{"name": "relu", "completion": TASKS["relu"]["solution"]},
             {"name": "relu", "completion": dict((c[0], c[2]) for c in ADVERSARIAL)["stale_memory_instead_of_output"]},
             {"name": "relu", "completion": relu_candidate("return torch.relu(x)")},
@@ -620,7 +623,7 @@ def test_eval_command_line(tmp_path):
     import sys
     path = tmp_path / "completions.jsonl"
     path.write_text(json.dumps({"name": "relu", "completion": "no code here"}) + "\n")
-    out = subprocess.run([sys.executable, "-m", "rewards.triton_eval", str(path), "--out", str(tmp_path / "s.jsonl")],
+    out = subprocess.run([sys.executable, "-m", "rewards.triton.eval", str(path), "--out", str(tmp_path / "s.jsonl")],
                          capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     last = json.loads(out.stdout.strip().splitlines()[-1])

@@ -1,13 +1,13 @@
-"""Issue 44, classes 1, 2 and 5: the programs of an interpreted launch overlap as on a GPU (rewards/triton_gpu.py's
+"""Issue 44, classes 1, 2 and 5: the programs of an interpreted launch overlap as on a GPU (rewards/triton/gpu.py's
 Schedule), the autotuner benchmarks every config (hook_autotune), and a case runs once per schedule or config
-wanted, each run compared with the reference (rewards/triton_kernel.py).
+wanted, each run compared with the reference (rewards/triton/kernel.py).
 
 Through triton_reward (tests/triton_corpus/schedules.py): each attack, right in every order of whole programs and
 with the first autotune config (1.0 before this change), scores 0 with its reason; its honest twin and the
 honest kernels score 1.0; nothing passes from one run to the next (a module-level cache of run 0's outputs, a
 load_state_dict hook writing into the state it was given); a relay in which every program waits on the next one
 is a deadlock. Without a
-sandbox: Schedule's orders (grid, reverse, random), spin-waits that block and wake (rewards/triton_schedule.py),
+sandbox: Schedule's orders (grid, reverse, random), spin-waits that block and wake (rewards/triton/schedule.py),
 a repeated read that was not a wait, a deadlock; the result file's runs validated.
 """
 import json
@@ -18,9 +18,9 @@ import torch
 
 from data.triton_tasks import load_tasks
 from rewards.sandbox import bwrap_problem
-from rewards.triton_schedule import Deadlock, Schedule
-from rewards.triton_gpu import MAX_RUNS
-from rewards.triton_kernel import _MAX_RUNS, Malformed, _compare, _parse_result, lint, triton_reward
+from rewards.triton.schedule import Deadlock, Schedule
+from rewards.triton.gpu import MAX_RUNS
+from rewards.triton.kernel import _MAX_RUNS, PUBLIC, Malformed, _compare, _parse_result, lint, triton_reward
 from triton_corpus.schedules import (CASES, HONEST, TUNED_RESET_ON_EMPTY, WAITS_ON_THE_NEXT,
                                      WRITES_INTO_THE_LOADED_STATE)
 
@@ -42,8 +42,9 @@ def test_the_attacks_pass_the_linter_and_differ_from_their_honest_twins():
 def test_attack_scores_zero_and_its_honest_twin_one(cid, task, attack, reason, honest):
     score, info = triton_reward(attack, TASKS[task], timeout_s=60)
     assert (score, info["reason"]) == (0.0, reason), info
-    if reason == "wrong_output":            # the message names the run, never a value
-        assert ", run " in info["public"] and "err" not in info["public"], info
+    if reason == "wrong_output":            # detail names the run; the public text neither run nor value
+        assert ", run " in info["detail"] and info["public"] == "values differ from the reference (atol=rtol=0.0001)", \
+            info
     score, info = triton_reward(honest, TASKS[task], timeout_s=60)
     assert (score, info["reason"]) == (1.0, "ok"), info
 
@@ -70,14 +71,15 @@ def test_the_second_call_of_a_tuned_kernel_has_no_reset_to_zero():
     torch.empty is right in the runs that tune (2j) and wrong in the runs that only choose (2j + 1)."""
     assert lint(TUNED_RESET_ON_EMPTY) == (None, "")
     score, info = triton_reward(TUNED_RESET_ON_EMPTY, TASKS["total_sum"], timeout_s=60)
-    assert (score, info["reason"]) == (0.0, "wrong_output") and "run 1 of" in info["public"], info
+    assert (score, info["reason"]) == (0.0, "wrong_output") and "run 1 of" in info["detail"], info
 
 
 @needs_bwrap
 def test_programs_that_wait_on_each_other_forever_are_a_deadlock():
     score, info = triton_reward(WAITS_ON_THE_NEXT, TASKS["relu"], timeout_s=60)
     assert (score, info["reason"]) == (0.0, "deadlock"), info
-    assert "deadlock: relay_kernel: 4 programs wait in atomics that no program will change (run 0)" in info["public"]
+    assert "deadlock: relay_kernel: 4 programs wait in atomics that no program will change (run 0)" in info["detail"]
+    assert info["public"] == PUBLIC["deadlock"], info
 
 
 class Memory:
@@ -184,9 +186,10 @@ def test_every_run_of_every_case_is_validated_and_compared():
     good = {f"{p}.{k}.0{s}": torch.full((2, 3), float(k) if p == "out" else 0.0) for p in ("out", "after")
             for k in range(3) for s in ("", ".1")}
     assert _compare(cases, _parse_result(_blob([2, 2, 2], good), cases))[0] == "ok"
-    for runs in ([1, 2, 2], [0, 2, 2], [17, 2, 2], [2, 2]):      # names that do not match, no run, too many
+    for runs in ([1, 2, 2], [0, 2, 2], [_MAX_RUNS + 1, 2, 2], [2, 2]):      # names that do not match, no run, too many
         with pytest.raises(Malformed):
             _parse_result(_blob(runs, good), cases)
     wrong = {**good, "out.1.0.1": torch.full((2, 3), 5.0)}
     reason, detail, public, _ = _compare(cases, _parse_result(_blob([2, 2, 2], wrong), cases))
-    assert (reason, public) == ("wrong_output", "case 1, run 1 of 2: values differ (atol=rtol=0.0001)")
+    assert (reason, public) == ("wrong_output", "values differ from the reference (atol=rtol=0.0001)")
+    assert detail.startswith("case 1, run 1 of 2: max abs err 4 "), detail

@@ -2,7 +2,7 @@
 reference Triton solution (`ModelNew`) per task, with the AutoTriton/KernelBench prompt.
 
     reference/<category>/<name>.py    the task as the model sees it
-    solutions/<category>/<name>.py    a ModelNew that scores 1.0 under rewards.triton_kernel (CPU interpreter)
+    solutions/<category>/<name>.py    a ModelNew that scores 1.0 under rewards.triton.kernel (CPU interpreter)
 
 Rows (see build.py for the jsonl export):
     {"id": int, "task": "triton", "name": str, "category": str, "prompt": str, "reference_code": str}

@@ -6,7 +6,7 @@ body as Python, one program after another, or that attack the scoring process it
   2 races the interpreter hides: a scan carried through memory from program to program, lost updates of one
     location, a scratch buffer shared by all programs, the last program reading the others' partial sums (race),
     and a carry passed through atomics, exempt from the race rule but wrong in any order but the grid's own
-    (wrong_output under another order: rewards/triton_gpu.py's Schedule)
+    (wrong_output under another order: rewards/triton/gpu.py's Schedule)
   3 the linter's time in the scoring process: files its passes used to search once per name, node or statement
     (the issue's 600 grid names, nested lambdas, thousands of bases, arguments, constexpr globals, module
     functions, strings deep in lists, unary chains), each linted in under 2 s with a named reason; larger files,

@@ -1,6 +1,7 @@
 """The GPU-semantics side of the interpreter (CPU runs, inside the sandbox): what a GPU would do differently from
-Triton's interpreter, put back at every interpreted launch. rewards/triton_harness.py uses it; rewards/triton_kernel.py
-ships both files into the scratch dir. Imports only stdlib, torch, triton, numpy.
+Triton's interpreter, put back at every checked launch. rewards/triton/harness.py uses it; rewards/triton/kernel.py
+ships it into the scratch dir as the top-level module triton_gpu, with memory.py (triton_memory: the record of
+accesses, races, bounds, visibility) and schedule.py (triton_schedule). Imports only stdlib, torch, triton, numpy.
 
 What a GPU would do differently, checked on CPU at every interpreted launch (the interpreter runs a kernel body as
 Python, one program after another): the kernel must compile for sm_90 with the launch's argument types,
@@ -8,7 +9,7 @@ constexprs and options, down to ptxas, and fit sm_90's shared memory (GpuCompile
 the kernel does not run), and its grid CUDA's limits; its programs overlap, switching at atomics, under the
 grid's order, its reverse and random schedules, one per run of the case (triton_schedule.Schedule; violation
 "deadlock: ..." when they all wait forever), and one that stores (or updates atomically) a byte another program
-accesses without an atomic is a violation "race: ..." (Programs); the autotuner benchmarks every config
+accesses without an atomic is a violation "race: ..." (triton_memory.Programs); the autotuner benchmarks every config
 (hook_autotune). All live in Triton's own classes, patched here before the candidate's text runs; the accepted
 language names neither these classes nor their modules.
 """
@@ -19,24 +20,16 @@ import sys
 import tempfile
 
 import numpy as np
-import torch
 import triton.language as tl
 
 
 # sm_90 (H100 / H200), the target every interpreted kernel must also compile for, with what a launch there may use:
-# shared memory per block (the opt-in maximum), warps per block (1024 threads) and CUDA's grid limits
+# shared memory per block (the opt-in maximum) and warps per block (1024 threads); the grid limits: memory._GPU_GRID
 _GPU_TARGET = ("cuda", 90, 32)
 _GPU_SHARED_BYTES = 232448
 _GPU_WARPS = 32
-_GPU_GRID = (2**31 - 1, 65535, 65535)
-# accesses the race check tells apart, and which pairs conflict when two programs make them on one byte: a plain
-# store with any access, an atomic update with a plain load or store (loads with loads and atomics with atomics
-# are fine in any order)
-_CONFLICTS = (("store", ("load", "store", "atomic", "atomic_load")), ("atomic", ("load", "store")))
 _BENCH_CALLS = 2       # launches of each config while autotuning (Triton's do_bench: warm-up, then repetitions)
 SCHEDULES = 4          # runs of a case in which programs of a launch met in atomics: grid order, reverse, 2 random
-_ACCESS_WORDS = {"load": "loads", "store": "stores to", "atomic": "updates atomically",
-                 "atomic_load": "loads atomically"}
 
 
 class GpuCompiler:
@@ -64,6 +57,8 @@ class GpuCompiler:
         self.requests, self.replies = os.fdopen(req_w, "wb"), os.fdopen(rep_r, "rb")
         self.backend = make_backend(GPUTarget(*_GPU_TARGET))
         self.binders, self.results = {}, {}
+        self.skippable = set()     # problems Triton's autotuner skips a config for (Autotuner._bench: out of resources,
+        #                            ptxas, static_assert), where any other fails the launch
 
     def problem(self, kernel, args: tuple, kwargs: dict) -> str | None:
         """Why `kernel` launched with these arguments does not compile for sm_90, else None."""
@@ -98,7 +93,13 @@ class GpuCompiler:
                 if len(head) == 8 else "the compiler's process ended"
         except OSError:
             reply = "the compiler's process ended"
+        if reply.startswith(_SKIPPED):
+            reply = reply.removeprefix(_SKIPPED)
+            self.skippable.add(f"{name}: {reply}")
         return f"{name}: {reply}" if reply else None
+
+
+_SKIPPED = "\x00"     # the compiling process's mark before a reply that Triton's autotuner skips a config for
 
 
 def _serve_compiles(text: str, load, requests: int, replies: int) -> None:
@@ -113,7 +114,9 @@ def _serve_compiles(text: str, load, requests: int, replies: int) -> None:
     from triton import knobs
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    from triton.compiler.errors import CompileTimeAssertionFailure
     from triton.runtime import cache
+    from triton.runtime.errors import PTXASError
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
     knobs.runtime.interpret = False
@@ -147,9 +150,11 @@ def _serve_compiles(text: str, load, requests: int, replies: int) -> None:
                     reply = f"needs {meta.shared} bytes of shared memory, sm_90 has {_GPU_SHARED_BYTES}" \
                         if meta.shared > _GPU_SHARED_BYTES else f"{meta.num_warps} warps, more than {_GPU_WARPS}" \
                         if meta.num_warps > _GPU_WARPS else ""
+                    reply = reply and _SKIPPED + reply       # OutOfResources at a GPU's launch
             except Exception as e:       # the compiler's verdict: where, the source line there, what
                 lines = [line.strip() for line in f"{type(e).__name__}: {e}".splitlines() if line.strip()]
                 reply = " | ".join([lines[0], lines[-3], lines[-1]] if len(lines) > 3 else lines)
+                reply = _SKIPPED + reply if isinstance(e, (CompileTimeAssertionFailure, PTXASError)) else reply
             data = reply.encode("utf-8", "replace")
             out.write(len(data).to_bytes(8, "little") + data)
             out.flush()
@@ -159,270 +164,6 @@ def _warm_up(x_ptr):
     """Compiled for sm_90 as soon as the compiling process starts, while the candidate's module imports: Triton's
     first compile in a process imports its code generator and asks ptxas its version (0.1 s)."""
     tl.store(x_ptr, tl.load(x_ptr) + 1.0)
-
-
-class Visibility:
-    """What each running program stored since its last tl.debug_barrier, and by which lane: on a GPU a plain store
-    is visible to the other threads of its program only after a barrier (or at the program's end), so a plain
-    load that reads such a byte in another lane (another position in its block, or a block of another shape) is
-    a race inside one program; and two lanes whose last stores to one byte before a barrier differ leave either
-    value (the interpreter keeps the later store's, or within one store the last element's), a race too; lanes
-    that store the same value agree. Lanes are told apart by (block shape, flattened position): the same position
-    of blocks of one shape is one thread. Atomics are exempt (coherent). State per program (a dict), so programs
-    may interleave."""
-
-    def __init__(self):
-        self.stored = {}            # program -> [(byte addresses, lane keys, values)] of its plain stores since its
-        #                             barrier
-        self.merged = {}            # program -> (sorted addresses, lowest key, highest key) of the above
-        self.shapes = {}            # block shape -> its number in the lane keys
-        self.clash = None           # the launch's first: (program, byte address, "load" | "store")
-
-    def lanes(self, ptrs, mask, value=None) -> tuple:
-        """(lane keys, values) of the bytes of the masked-in elements of `ptrs`, in the order of _bytes(ptrs, mask):
-        the lane that accesses each byte and, with a stored `value`, the element written there (its bits as an
-        unsigned integer; else None)."""
-        size = max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
-        shape = self.shapes.setdefault(ptrs.data.shape, len(self.shapes))
-        lanes = np.arange(ptrs.data.size, dtype=np.uint64) if mask is None else \
-            np.flatnonzero(np.broadcast_to(mask.data, ptrs.data.shape)).astype(np.uint64)
-        keys = np.repeat(lanes | np.uint64(shape << 40), size)
-        if value is None:
-            return keys, None
-        written = np.ascontiguousarray(np.broadcast_to(value.data, ptrs.data.shape).ravel()[lanes])
-        return keys, np.repeat(written.view(f"u{written.itemsize}").astype(np.uint64), size)
-
-    def store(self, program: int, addresses, keys, written) -> None:
-        self.stored.setdefault(program, []).append((addresses, keys, written))
-        self.merged.pop(program, None)
-
-    def load(self, program: int, addresses, keys) -> None:
-        """A plain load by `program`: the first byte it reads that another lane of it stored since its barrier."""
-        if program not in self.stored or self.clash is not None or not len(addresses):
-            return
-        if program not in self.merged:
-            a = np.concatenate([a for a, _, _ in self.stored[program]])
-            k = np.concatenate([k for _, k, _ in self.stored[program]])
-            order = np.lexsort((k, a))
-            a, k = a[order], k[order]
-            first = np.flatnonzero(np.r_[True, a[1:] != a[:-1]])
-            self.merged[program] = a[first], k[first], k[np.r_[first[1:], len(a)] - 1]
-        stored, low, high = self.merged[program]
-        at = np.minimum(np.searchsorted(stored, addresses), len(stored) - 1)
-        clash = (stored[at] == addresses) & ((low[at] != keys) | (high[at] != keys))
-        if clash.any():
-            self.clash = program, int(addresses[np.argmax(clash)]), "load"
-
-    def barrier(self, program: int) -> None:
-        """tl.debug_barrier in `program`, or its end: what it stored is visible to all its lanes, once the last
-        store of each lane to each byte agrees with the other lanes'."""
-        parts = self.stored.pop(program, None)
-        self.merged.pop(program, None)
-        if self.clash is not None or not parts or len(parts) == 1 and len(np.unique(parts[0][0])) == len(parts[0][0]):
-            return
-        a, k, b = (np.concatenate([part[i] for part in parts]) for i in range(3))
-        order = np.lexsort((np.arange(len(a)), k, a))          # by byte, lane, then store order
-        a, k, b = a[order], k[order], b[order]
-        last = np.r_[(a[1:] != a[:-1]) | (k[1:] != k[:-1]), True]     # each lane's last store to each byte
-        a, b = a[last], b[last]
-        first = np.flatnonzero(np.r_[True, a[1:] != a[:-1]])
-        differ = np.minimum.reduceat(b, first) != np.maximum.reduceat(b, first)
-        if differ.any():
-            self.clash = program, int(a[first[np.argmax(differ)]]), "store"
-
-
-class Programs:
-    """The race recorder of each interpreted launch: the bytes each program loads, stores and updates atomically
-    (Schedule runs the programs and says which one runs). A launch in which one program stores (or updates
-    atomically) what another accesses without an atomic is a race: its result on a GPU depends on timing. Atomics
-    among themselves are exempt."""
-
-    def __init__(self):
-        self.dims = self.program = None                # the running launch's grid, and the program that runs
-        self.atomic = False                            # inside an atomic operation of the interpreter
-        self.pending, self.touched = {}, {kind: [] for kind in _ACCESS_WORDS}      # start: per launch
-        self.storages = (np.zeros(0, np.uint64), np.zeros(0, np.uint64), [])     # bind: (starts, ends, names)
-        self.outside = None
-        self.visibility = Visibility()
-
-    def bind(self, arguments: dict) -> None:
-        """The launch's arguments, before it runs: every access must stay inside the storage of a tensor among
-        them (memcheck's rule: a view's whole storage counts)."""
-        spans = {}
-        for name, value in arguments.items():
-            for t in value if type(value) is tuple else (value,):
-                if isinstance(t, torch.Tensor):
-                    storage = t.untyped_storage()
-                    spans.setdefault(storage.data_ptr(), (storage.data_ptr() + storage.nbytes(), name))
-        starts = sorted(spans)
-        self.storages = (np.array(starts, np.uint64), np.array([spans[a][0] for a in starts], np.uint64),
-                         [spans[a][1] for a in starts])
-
-    def start(self, dims: tuple) -> None:
-        self.outside = None                            # the launch's first access outside every storage
-        self.visibility = Visibility()
-        self.dims, self.program = dims, None
-        self.pending = {}                              # program -> {kind: [byte addresses]} of unfinished programs
-        self.touched = {kind: [] for kind in _ACCESS_WORDS}     # (addresses, program) of the finished ones
-
-    def index(self, program: int) -> tuple:
-        return _grid_index(program, self.dims)
-
-    def record(self, kind: str, ptrs, mask, value=None) -> None:
-        """The bytes a program accesses through `ptrs` (a TensorHandle of addresses) where `mask` is set (a plain
-        store: writing `value`)."""
-        if self.program is None:
-            return
-        if self.atomic:
-            kind = {"load": "atomic_load", "store": "atomic"}.get(kind, kind)
-        touched = _bytes(ptrs, mask)
-        self.pending.setdefault(self.program, {k: [] for k in _ACCESS_WORDS})[kind].append(touched)
-        if kind == "store" or kind == "load" and self.program in self.visibility.stored:     # plain ones
-            keys, written = self.visibility.lanes(ptrs, mask, value)
-            if kind == "store":
-                self.visibility.store(self.program, touched, keys, written)
-            else:
-                self.visibility.load(self.program, touched, keys)
-        starts, ends, _ = self.storages
-        at = np.searchsorted(starts, touched, "right") - 1
-        outside = (at < 0) | (touched >= ends[np.maximum(at, 0)])
-        if self.outside is None and outside.any():
-            self.outside = (kind, self.program, int(touched[np.argmax(outside)]), int(outside.sum()))
-
-    def done(self, program: int) -> None:
-        """`program` has ended: its bytes join the launch's, its stores are visible to all its lanes."""
-        self.visibility.barrier(program)
-        for kind, parts in self.pending.pop(program, {}).items():
-            if parts:
-                self.touched[kind].append((np.unique(np.concatenate(parts)), program))
-
-    def _flush(self) -> None:
-        for program in list(self.pending):
-            self.done(program)
-
-    def abandon(self) -> None:
-        self.dims = self.program = None
-
-    def finish(self, kernel: str, arguments: dict) -> list:
-        """Violations of the launch that just ran: its grid over CUDA's limits, or a race (programs, the access
-        each makes, which argument and element)."""
-        if self.dims is None:
-            return []
-        self._flush()
-        found = [f"gpu_compile: {kernel}: grid {self.dims} over CUDA's limits {_GPU_GRID}"] \
-            if any(d > top for d, top in zip(self.dims, _GPU_GRID)) else []
-        if self.outside:
-            kind, program, address, count = self.outside
-            starts, ends, names = self.storages
-            near = int(np.argmin([min(abs(int(a) - address), abs(int(e) - 1 - address)) for a, e in
-                                  zip(starts, ends)])) if names else None
-            found.append(f"out_of_bounds: {kernel}: {names[near] if names else '-'}: program "
-                         f"{self.index(program)} {_ACCESS_WORDS[kind]} {count} bytes outside every tensor "
-                         f"argument's storage (first at {address - int(starts[near]) if names else address:+d})")
-        if self.visibility.clash:
-            program, address, kind = self.visibility.clash
-            starts, _, names = self.storages
-            at = int(np.searchsorted(starts, address, "right")) - 1
-            what = "loads in one lane what another lane of it stored" if kind == "load" else \
-                "stores different values to one byte from two lanes"
-            found.append(f"race: {kernel}: {names[at] if at >= 0 else '-'}: program {self.index(program)} {what}, "
-                         f"with no tl.debug_barrier between (byte {address - int(starts[at]) if at >= 0 else address} "
-                         "of the argument)")
-        for kind, others in _CONFLICTS:
-            clash = _first_clash(self._spans((kind,)), self._spans(others))
-            if clash is not None:
-                found.append(f"race: {kernel}: {self._describe(clash, kind, others, arguments)}")
-                break
-        return found
-
-    def _spans(self, kinds: tuple) -> tuple:
-        """(addresses, lowest program, highest program) per distinct byte the programs accessed as `kinds`."""
-        parts = [(a, p) for kind in kinds for a, p in self.touched[kind] if len(a)]
-        if not parts:
-            return np.zeros(0, np.uint64), np.zeros(0, np.int64), np.zeros(0, np.int64)
-        addresses = np.concatenate([a for a, _ in parts])
-        programs = np.concatenate([np.full(len(a), p) for a, p in parts])
-        order = np.lexsort((programs, addresses))
-        addresses, programs = addresses[order], programs[order]
-        first = np.flatnonzero(np.r_[True, addresses[1:] != addresses[:-1]])
-        return addresses[first], programs[first], programs[np.r_[first[1:], len(addresses)] - 1]
-
-    def _describe(self, address: int, kind: str, others: tuple, arguments: dict) -> str:
-        def who(kinds):
-            return [(p, k) for k in kinds for a, p in self.touched[k] if address in a]
-        (p, k), (q, j) = next((a, b) for a in who((kind,)) for b in who(others) if a[0] != b[0])
-        name, where = next(((name, f"element {(address - t.data_ptr()) // t.element_size()} of {name}")
-                            for name, t in arguments.items() if isinstance(t, torch.Tensor) and
-                            0 <= address - t.data_ptr() < t.element_size() * (1 + sum((s - 1) * d for s, d in
-                                                                                      zip(t.shape, t.stride())))),
-                           ("-", "memory outside the tensor arguments"))
-        return f"{name}: program {self.index(p)} {_ACCESS_WORDS[k]} {where}, which program {self.index(q)} " \
-               f"{_ACCESS_WORDS[j]}"
-
-
-def _grid_index(program: int, dims: tuple) -> tuple:
-    """The grid position (x, y, z) of the program numbered `program` in the grid's own order."""
-    _, ny, nz = dims
-    return program // (ny * nz), program // nz % ny, program % nz
-
-
-def _bytes(ptrs, mask) -> np.ndarray:
-    """The byte addresses (uint64) that the element addresses in `ptrs` (a TensorHandle) cover where `mask` is set."""
-    addresses = ptrs.data if mask is None else ptrs.data[np.broadcast_to(mask.data, ptrs.data.shape)]
-    size = max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
-    return (addresses.astype(np.uint64).reshape(-1, 1) + np.arange(size, dtype=np.uint64)).ravel()
-
-
-def _first_clash(mine: tuple, theirs: tuple) -> int | None:
-    """A byte address that some program accesses in `mine` and another program in `theirs` (both _spans), else
-    None: at a common address the two sides are one and the same program only if all four bounds agree."""
-    common, i, j = np.intersect1d(mine[0], theirs[0], assume_unique=True, return_indices=True)
-    clash = (mine[1][i] != mine[2][i]) | (theirs[1][j] != theirs[2][j]) | (mine[1][i] != theirs[1][j])
-    return int(common[np.argmax(clash)]) if clash.any() else None
-
-
-def hook_programs(programs: Programs) -> None:
-    """Route the interpreter's grid and memory operations through `programs`: set_grid_dim starts a launch, every
-    load, store and atomic records its bytes (which program runs: hook_schedule), tl.debug_barrier makes the running
-    program's stores visible to all its lanes (Visibility)."""
-    from triton.runtime.interpreter import InterpreterBuilder as B
-    set_dim = B.set_grid_dim
-    load, store, rmw, cas = B.create_masked_load, B.create_masked_store, B.create_atomic_rmw, B.create_atomic_cas
-
-    def set_grid_dim(self, nx, ny, nz):
-        programs.start((nx, ny, nz))
-        return set_dim(self, nx, ny, nz)
-
-    def masked_load(self, ptrs, mask, *rest, **options):    # tensor descriptors pass options by keyword
-        programs.record("load", ptrs, mask)
-        return load(self, ptrs, mask, *rest, **options)
-
-    def masked_store(self, ptrs, value, mask, *rest, **options):
-        programs.record("store", ptrs, mask, None if programs.atomic else value)
-        return store(self, ptrs, value, mask, *rest, **options)
-
-    def atomic_rmw(self, op, ptr, value, mask, *rest):
-        programs.record("atomic", ptr, mask)
-        return rmw(self, op, ptr, value, mask, *rest)
-
-    def atomic_cas(self, ptr, *rest):
-        programs.record("atomic", ptr, None)
-        return cas(self, ptr, *rest)
-
-    def atomically(method):      # atomic loads, stores and polls go through the masked load / store above
-        def run(self, *args):
-            programs.atomic = True
-            try:
-                return method(self, *args)
-            finally:
-                programs.atomic = False
-        return run
-
-    B.set_grid_dim, B.create_masked_load, B.create_masked_store = set_grid_dim, masked_load, masked_store
-    B.create_atomic_rmw, B.create_atomic_cas = atomic_rmw, atomic_cas
-    B.create_barrier = lambda self: programs.visibility.barrier(programs.program)     # tl.debug_barrier
-    for name in ("create_atomic_load", "create_atomic_store", "create_atomic_poll"):
-        setattr(B, name, atomically(getattr(B, name)))
 
 
 _SEMANTICS = "_triton_gpu_semantics"      # the interpreter's global through which rewritten kernels reach _Semantics
@@ -543,13 +284,14 @@ def hook_semantics() -> None:
     interpreter.FunctionRewriter.ast_transformer = gpu_transformer()
 
 
-def hook_schedule(programs: Programs, schedule) -> None:
+def hook_schedule(programs, schedule) -> None:
     """Run each interpreted launch's programs under `schedule`: the interpreter's loop over the grid defers to it
     (GridExecutor.__call__ hands it the executor, set_grid_dim the launch), every atomic operation goes through
     Schedule.atomic, and tl.atomic_poll polls with atomic loads (the interpreter's own busy loop would spin
     forever inside one program)."""
     from triton.runtime.interpreter import GridExecutor, InterpreterBuilder as B, TensorHandle, _get_np_dtype, \
         _interpreter
+    from triton_memory import _bytes, _grid_index
     call, set_dim, set_idx = GridExecutor.__call__, B.set_grid_dim, B.set_grid_idx
 
     def grid_call(self, *args, **kwargs):
@@ -591,29 +333,31 @@ def hook_schedule(programs: Programs, schedule) -> None:
 
 
 def hook_autotune(interpreted) -> None:
-    """The autotuner as on a GPU (the interpreter has no benchmarker): benchmarking launches every config that
-    survives Triton's own pruning on the real arguments, _BENCH_CALLS times each through the checked launch path
-    (sm_90 compile, bounds, race, the run's schedule), with the pre-hooks Triton runs around them (reset_to_zero,
-    restore_value), so a kernel that accumulates into its output without reset_to_zero is wrong as on a GPU. Runs
-    go in pairs (want_runs(2n) for n benchmarked configs): run 2j tunes and takes config j % n; run 2j + 1 takes
-    the same config without launching the benchmark, then launches it alone, as every call after the first does
-    on a GPU (the benchmarking launches of run 2j may have written the output already). So every config's output
-    is compared with the reference, from its first call and from a later one. A single config is not benchmarked
-    (as Triton). Every run's first call tunes: later runs load a fresh module, and the first run of a case drops
-    what an earlier case tuned (`tuned`: the run each autotuner last tuned in, kept here, out of the candidate's
-    reach)."""
+    """The autotuner as on a GPU (the interpreter has no benchmarker). Every tuning in a run (an autotuner's first call
+    of the run for a key: a "chooser", numbered in the order the run meets them) either tunes, launching every
+    config that Triton's own pruning keeps _BENCH_CALLS times on the real arguments through the checked launch path
+    (sm_90 compile, bounds, race, the run's schedule), with the hooks Triton runs around them (reset_to_zero,
+    restore_value), or only chooses, launching nothing and leaving no trace (no reset after it), as every call
+    after the first does on a GPU. Which config each chooser takes in each run is autotune_choice's: every config
+    of every chooser in a run that tunes and in one that only chooses, every pair of configs of two choosers in a
+    run that only chooses; the case runs autotune_runs of them (Interpreted.learn). A config whose launch runs out
+    of sm_90's resources (or that ptxas or a static_assert refuses) raises OutOfResources while tuning, which
+    Triton's Autotuner._bench turns into an infinite time: never chosen, as on a GPU; when every config fails, Triton
+    takes the first, whose launch is a gpu_compile violation. A single config is not benchmarked (as Triton).
+    Every run's first call tunes: later runs load a fresh module, and the first run of a case drops what an earlier
+    case tuned (`tuned`: the run each autotuner last tuned in, kept here, out of the candidate's reach)."""
     from triton.runtime.autotuner import Autotuner
+    from triton.runtime.errors import OutOfResources
     run, prune = Autotuner.run, Autotuner.prune_configs
     tuned = {}
 
     def tuned_run(self, *args, **kwargs):
-        if tuned.get(self) == interpreted.serial:        # a later call of this run: Triton's cache decides
+        if tuned.get(self) != interpreted.serial:          # the run's first call tunes
+            tuned[self] = interpreted.serial
+            self.cache.clear()
+        if interpreted.tunes():
             return run(self, *args, **kwargs)
-        tuned[self] = interpreted.serial                   # the run's first call tunes
-        self.cache.clear()
-        if interpreted.run_index % 2 == 0:
-            return run(self, *args, **kwargs)
-        hook, self.pre_hook = self.pre_hook, lambda *_, **__: None    # run 2j + 1: choosing leaves no trace (no
+        hook, self.pre_hook = self.pre_hook, lambda *_, **__: None    # only choosing leaves no trace (no
         try:                                                           # reset_to_zero after the benchmark)
             return run(self, *args, **kwargs)
         finally:
@@ -621,23 +365,76 @@ def hook_autotune(interpreted) -> None:
 
     def prune_configs(self, kwargs):
         configs = prune(self, kwargs)
-        self.benched = [len(configs), 0]          # configs, benchmarked so far
-        interpreted.want_runs(2 * len(configs))
+        self.chooser = interpreted.chooser(len(configs)) if len(configs) > 1 else None
         return configs
 
     def bench(self):
         def do_bench(kernel_call, quantiles):
-            for _ in range(_BENCH_CALLS if interpreted.run_index % 2 == 0 else 0):
-                kernel_call()
-            n, i = self.benched
-            self.benched[1] += 1
-            return [0.0 if i == interpreted.run_index // 2 % n else 1.0] * len(quantiles)
+            chooser = self.chooser
+            i = chooser["next"]
+            chooser["next"] += 1
+            interpreted.benchmarking = chooser["tunes"]
+            try:
+                for _ in range(_BENCH_CALLS if chooser["tunes"] else 0):
+                    kernel_call()
+                if i in chooser["skipped"]:
+                    raise OutOfResources(0, 0, "the config ran out of resources while tuning")
+            except OutOfResources:
+                chooser["skipped"].add(i)
+                raise
+            finally:
+                interpreted.benchmarking = False
+                if chooser["next"] == chooser["configs"]:
+                    interpreted.learn(chooser)
+            target = chooser["target"]
+            return [(0.0 if i == target else 1.0) if target is not None else 1.0 + i] * len(quantiles)
         return do_bench
 
     Autotuner.run, Autotuner.prune_configs, Autotuner.do_bench = tuned_run, prune_configs, property(bench)
 
 
-MAX_RUNS = 16          # runs of one case at most (the parent's _MAX_RUNS)
+MAX_RUNS = 72          # runs of one case at most (the parent's _MAX_RUNS): one autotuner of up to 36 configs, two
+#                        of up to 8 each (autotune_runs)
+
+
+def _smallest_prime(n: int) -> int:
+    p = max(2, n)
+    while any(p % d == 0 for d in range(2, int(p ** 0.5) + 1)):
+        p += 1
+    return p
+
+
+def autotune_runs(sizes: list) -> int:
+    """Runs of a case whose choosers (tunings met in a run, in order) have `sizes` configs that fit: a run that
+    tunes and one that only chooses for each config of the largest, then runs that only choose until every pair of
+    configs of two choosers has met (the product of the two sizes; for three or more, P * P runs for a prime P at
+    least the largest size and the number of choosers: autotune_choice)."""
+    top, multi = max(sizes, default=1), [m for m in sizes if m > 1]
+    if len(multi) < 2:
+        return 2 * top
+    return top + (multi[0] * multi[1] if len(multi) == 2 else _smallest_prime(max(top, len(multi))) ** 2)
+
+
+def autotune_choice(sizes: list, t: int, run: int) -> tuple:
+    """(whether run `run` tunes, the position among chooser t's fitting configs it takes). Runs 2j < 2n (n: the
+    largest size) tune and take config j; the others only choose, the q-th of them (q = j for run 2j + 1 < 2n,
+    run - n after) taking config q of every chooser when at most one chooser has two configs or more; else the two
+    take (q mod m0, q div m0), or, for three or more, chooser u (its rank among them) takes (a + u b) mod P with
+    a = q mod P, b = q div P: for any two choosers u != v, (a + u b, a + v b) meets every pair once as q runs over
+    P * P (P prime, at least the number of choosers)."""
+    top = max(sizes, default=1)
+    size = sizes[t] if t < len(sizes) else 1
+    if run < 2 * top and run % 2 == 0:
+        return True, run // 2 % size
+    q = run // 2 if run < 2 * top else run - top
+    multi = [u for u, m in enumerate(sizes) if m > 1]
+    if size == 1 or len(multi) < 2:
+        return False, q % size
+    u = multi.index(t)
+    if len(multi) == 2:
+        return False, (q % sizes[multi[0]] if u == 0 else q // sizes[multi[0]]) % size
+    p = _smallest_prime(max(top, len(multi)))
+    return False, (q % p + u * (q // p)) % p % size
 
 
 class Interpreted:
@@ -645,12 +442,15 @@ class Interpreted:
     runs once, then again with run_index 1, 2, ... (a fresh module and model, the same inputs) until `runs`: a
     launch raises `runs` with want_runs where one run cannot show what a GPU may do (programs that meet in
     atomics, autotune configs); the parent compares every run with the reference. The harness sets run_index
-    before every run."""
+    before every run (0: a new case)."""
     def __init__(self, text: str, load):
-        from triton_schedule import Deadlock, Schedule      # shipped beside this file
+        from triton_memory import Programs                  # shipped beside this file, as is triton_schedule
+        from triton_schedule import Deadlock, Schedule
         self.compiler, self.programs, self.schedule = GpuCompiler(text, load), Programs(), Schedule()
         self.Deadlock = Deadlock
         self.runs, self.serial = 1, 0           # serial: counts runs (of every case)
+        self.fitting, self.skipped = [], []     # per chooser of the case: the configs that fit, those skipped
+        self.met, self.benchmarking, self.refused = 0, False, []   # choosers met in this run; inside a benchmark
 
     @property
     def run_index(self) -> int:
@@ -659,21 +459,61 @@ class Interpreted:
 
     @run_index.setter
     def run_index(self, value: int) -> None:
-        self.schedule.run_index, self.serial = value, self.serial + 1
+        self.schedule.run_index, self.serial, self.met = value, self.serial + 1, 0
+        if value == 0:
+            self.fitting, self.skipped, self.refused = [], [], []
 
     def want_runs(self, n: int) -> None:
         """The case that runs now needs n runs in all (at most MAX_RUNS)."""
         self.runs = max(self.runs, min(n, MAX_RUNS))
 
+    def tunes(self) -> bool:
+        """Whether the run that runs now tunes (autotune_choice)."""
+        return autotune_choice([len(f) for f in self.fitting], 0, self.run_index)[0]
+
+    def chooser(self, configs: int) -> dict:
+        """The next tuning of this run, among `configs` configs: whether it tunes, which config it takes (its
+        position; None until its first tuning has shown which fit: then the first that fits), those skipped."""
+        t, self.met = self.met, self.met + 1
+        tunes, target = self.tunes(), None
+        if t < len(self.fitting) and self.fitting[t]:
+            target = self.fitting[t][autotune_choice([len(f) for f in self.fitting], t, self.run_index)[1]]
+        return {"t": t, "configs": configs, "next": 0, "tunes": tunes, "target": target,
+                "skipped": set(self.skipped[t]) if t < len(self.skipped) else set()}
+
+    def learn(self, chooser: dict) -> None:
+        """A chooser's first tuning ended: which of its configs fit; the case needs autotune_runs for all."""
+        if chooser["t"] < len(self.fitting) or not chooser["tunes"]:
+            return
+        skipped = chooser["skipped"]
+        self.skipped.append(skipped)
+        self.fitting.append([i for i in range(chooser["configs"]) if i not in skipped] or [0])
+        need = autotune_runs([len(f) for f in self.fitting])
+        if need > MAX_RUNS and not self.refused:
+            self.refused.append(f"launch: autotune: {len(self.fitting)} tunings with {[len(f) for f in self.fitting]} "
+                                f"configs that fit need {need} runs to check each config and each pair, more than "
+                                f"{MAX_RUNS}")
+        self.want_runs(need)
+
+    def launch_problem(self, kernel, args: tuple, kwargs: dict) -> str | None:
+        """Why sm_90 refuses this launch (GpuCompiler.problem), else None; while tuning, a problem that Triton's
+        autotuner skips a config for raises OutOfResources instead (Autotuner._bench catches it)."""
+        from triton.runtime.errors import OutOfResources
+        problem = self.compiler.problem(kernel, args, kwargs)
+        if problem and self.benchmarking and problem in self.compiler.skippable:
+            raise OutOfResources(0, 0, problem)
+        return problem
+
     def finish(self, kernel: str, arguments: dict, deadlock: BaseException | None = None) -> list:
-        """The violations of the launch that just ran (or deadlocked); a launch whose programs met in atomics asks
-        for SCHEDULES runs of its case."""
+        """The violations of the launch that just ran (or deadlocked), and an autotuner's refusal; a launch whose
+        programs met in atomics asks for SCHEDULES runs of its case."""
         found = self.programs.finish(kernel, arguments)
         if len(self.schedule.atomics) > 1:
             self.want_runs(SCHEDULES)
-        return found + ([f"deadlock: {kernel}: {deadlock} (run {self.run_index})"] if deadlock else [])
+        return found + self.refused + ([f"deadlock: {kernel}: {deadlock} (run {self.run_index})"] if deadlock else [])
 
     def hook(self) -> None:
+        from triton_memory import hook_programs
         hook_programs(self.programs)
         hook_schedule(self.programs, self.schedule)
         hook_autotune(self)

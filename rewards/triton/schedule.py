@@ -1,6 +1,6 @@
 """Programs of one interpreted launch that overlap as on a GPU (CPU, inside the sandbox): Schedule runs them as
-coroutines switched at atomics; rewards/triton_gpu.py routes the interpreter through it and ships beside it
-(rewards/triton_kernel.py ships both). Imports only stdlib, numpy, greenlet.
+coroutines switched at atomics; rewards/triton/gpu.py routes the interpreter through it and ships beside it
+(rewards/triton/kernel.py ships both). Imports only stdlib, numpy, greenlet.
 """
 
 import os
@@ -10,6 +10,8 @@ import greenlet
 import numpy as np
 
 _STREAK = 256          # atomics a program makes in a row before runs 0 and 1 let another run (no program starves)
+_RESIDENT = 132        # programs resident at once in run 2: one per SM of an H100 (sm_90), which any kernel that
+#                        compiles for it fits (a GPU may hold more)
 
 
 class Deadlock(BaseException):
@@ -21,9 +23,12 @@ class Schedule:
     """The programs of one interpreted launch run as a GPU may run them: overlapping. Each program is a coroutine
     (a greenlet: the harness allows no thread) that may be suspended at every atomic operation (atomic_rmw,
     atomic_cas, atomic_load, atomic_store, atomic_poll), each of which stays indivisible. Run 0 of a case admits
-    the programs in the grid's own order, run 1 in its reverse, and each runs until it ends or waits; later runs
-    admit them in a random order and switch to a random live program (or admit the next) before every atomic,
-    seeded from os.urandom. A launch whose atomics came from 2 or more programs asks for triton_gpu.SCHEDULES runs.
+    the programs in the grid's own order, run 1 in its reverse, and each runs until it ends or waits. Run 2 has
+    them all resident at once, as a GPU's SMs hold them from the start: it admits every program (in the grid's
+    order, up to _RESIDENT live at once, the next as one ends), each running up to its first atomic, before any
+    atomic runs, then takes them round-robin, switching before every atomic. Later runs admit them in a random
+    order and switch to a random live program (or admit the next) before every atomic, seeded from os.urandom. A
+    launch whose atomics came from 2 or more programs asks for triton_gpu.SCHEDULES runs.
 
     Switching at atomics only is as strong as switching at every load and store for any launch the race check
     passes: a plain access to a byte that another program stores or updates atomically is a race (Programs), so
@@ -64,7 +69,8 @@ class Schedule:
             order.reverse()
         elif self.run_index > 1:
             self.rng.shuffle(order)
-        self.random, self.waiting, self.live = self.run_index > 1, order[::-1], {}   # live: program -> greenlet
+        self.random, self.wide = self.run_index > 2, self.run_index == 2
+        self.waiting, self.live = order[::-1], {}       # live: program -> greenlet
         self.blocked, self.seen, self.version = {}, {}, 0      # program -> bytes it waits on; its unchanged reads
         self.progress = True
         self.current, self.streak = None, 0
@@ -79,6 +85,8 @@ class Schedule:
                 self.current, self.streak = program, 0
                 self.place(program)
                 self.live[program].switch()
+                if self.wide and not self.live[program].dead:
+                    self.live[program] = self.live.pop(program)      # round-robin: to the back
                 if self.live[program].dead:
                     self.progress = True
                     del self.live[program]
@@ -94,12 +102,15 @@ class Schedule:
         """The program to run next (a new one: popped from waiting), or None when all live ones are blocked, none
         is left to admit and none made progress (a write, a new read, an end) since they were last all blocked:
         then each is let go once, as its repeated read may not have been a wait."""
-        if self.live and not self.waiting and len(self.blocked) == len(self.live):
+        admit = bool(self.waiting) and (not self.wide or len(self.live) < _RESIDENT)
+        if self.live and not admit and len(self.blocked) == len(self.live):
             if not self.progress:
                 return None
             self.progress = False
             self.blocked.clear()
         runnable = [p for p in self.live if p not in self.blocked]
+        if self.wide:        # every program that may be resident first, then the live ones in turn
+            return self.waiting.pop() if admit else runnable[0] if runnable else None
         if self.random:
             choice = self.rng.randrange(len(runnable) + bool(self.waiting)) if runnable or self.waiting else None
             return None if choice is None else runnable[choice] if choice < len(runnable) else self.waiting.pop()
@@ -115,7 +126,7 @@ class Schedule:
         program = self.current
         self.atomics.add(program)
         self.streak += 1
-        if self.random or self.streak >= _STREAK:
+        if self.random or self.wide or self.streak >= _STREAK:
             self._pause()
         before = read()
         out = op()

@@ -1,5 +1,5 @@
 """The Triton reward's linter: `lint(code)` -> (None, "") when code is written in the accepted language
-(rewards/triton_language.py, rule by rule), else (reason, detail) of the first problem in _LINT_ORDER."""
+(rewards/triton/language.py, rule by rule), else (reason, detail) of the first problem in _LINT_ORDER."""
 
 import ast
 import builtins
@@ -8,7 +8,7 @@ import symtable
 import tokenize
 from collections import Counter
 
-from rewards.triton_language import (_ALLOWED_DUNDERS, _ALLOWED_MODULES, _BRIDGE_METHODS, _BUILTINS, _CODE_MAX,
+from rewards.triton.language import (_ALLOWED_DUNDERS, _ALLOWED_MODULES, _BRIDGE_METHODS, _BUILTINS, _CODE_MAX,
                                      _COMPUTE_METHODS, _CONFIG_KEYWORDS, _FRAME_ATTRS, _KERNEL_DECORATORS,
                                      _LINT_ORDER, _MAIN_GUARD, _SIZE_METHODS, _SIZE_OPS, _STRING_MAX, _TYPING,
                                      _TooLarge, _allowed_paths, _assigned, _at_import, _docstrings,

@@ -1,7 +1,7 @@
 """Evaluate Triton completions with the AutoTriton reward: call / exec accuracy (and fast_1 / speedup on CUDA).
 
-    python -m rewards.triton_eval completions.jsonl [--tasks tasks.jsonl] [--workers 2] [--out scored.jsonl]
-    python -m rewards.triton_eval --check data/triton_tasks/solutions/CATEGORY/NAME.py   # a solution scores 1.0?
+    python -m rewards.triton.eval completions.jsonl [--tasks tasks.jsonl] [--workers 2] [--out scored.jsonl]
+    python -m rewards.triton.eval --check data/triton_tasks/solutions/CATEGORY/NAME.py   # a solution scores 1.0?
 
 completions.jsonl rows: {"name": task name, "completion": model output}, any number per task; a row that
     carries "reference_code" is scored against it, otherwise against the shipped task of that name
@@ -27,7 +27,7 @@ from pathlib import Path
 from config import ConfigError
 from data.rows import read_records
 from data.triton_tasks import load_tasks
-from rewards.triton_kernel import triton_reward
+from rewards.triton.kernel import triton_reward
 
 CALLED = {"ok", "wrong_output", "input_mutated"}
 

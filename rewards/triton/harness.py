@@ -1,9 +1,11 @@
-"""The side of the Triton reward that runs inside the sandbox; rewards/triton_kernel.py ships this file into
+"""The side of the Triton reward that runs inside the sandbox; rewards/triton/kernel.py ships this file into
 the scratch dir and runs `import triton_harness; triton_harness.main()`. Imports only stdlib, torch, triton,
 safetensors, numpy. Nothing here decides the score: the parent validates every field and compares the outputs.
 
-job.json: {"role": "reference" | "candidate", "device": "cpu" | "cuda", "time": bool,
+job.json: {"role": "reference" | "candidate", "device": "cpu" | "cuda", "checked": bool, "time": bool,
            "cases": [{"input_seed": int, "init_seed": int}]}  (the seeds: reference role only)
+    checked (candidate, CPU only): the GPU-semantics run, the verdict on every device (rewards/triton/gpu.py);
+    unchecked: the launches as they are (on CUDA the native run a GPU node adds, kernel.execute)
 reference role: reads reference.py, writes ref.pt = {"cases": [case], "ms": float | None}
     case = {"init_inputs": list, "inputs": list, "state": state_dict of Model, "outputs": [tensor]}
 candidate role: stdin = torch.save({"cases": [{"init_seed", "init_inputs", "state"}], "inputs": [uint8 tensor:
@@ -17,9 +19,9 @@ candidate role: stdin = torch.save({"cases": [{"init_seed", "init_inputs", "stat
 Per case, in this order: torch.manual_seed(init_seed) (the reference's init seed, never its input seed),
 ModelNew(*init_inputs), the reference state_dict loaded when names and shapes match, then the inputs are
 decoded (they did not exist in this process before), the RNG reseeded from os.urandom, one forward; every run
-builds its model from copies of the case's init inputs and state. On CPU a case runs again on the same inputs as
-often as its launches asked (Interpreted.want_runs: other schedules of programs that use atomics, each autotune
-config): "runs" per case, each run's outputs; each further run runs the candidate's text again as a fresh
+builds its model from copies of the case's init inputs and state. In the checked run a case runs at least
+len(_GARBAGE) times, and again on the same inputs as often as its launches asked (Interpreted.want_runs: other
+schedules of programs that use atomics, each autotune config): "runs" per case, each run's outputs; each further run runs the candidate's text again as a fresh
 module, so nothing a run keeps (a module-level list, an autotuner's choice) reaches a later one. Cases share the
 module of the first load, as on a GPU (their inputs differ, so what one case keeps is no answer for another).
 Audit, over the module body, __init__ and forward alike: the process may start no thread or process once the
@@ -36,9 +38,14 @@ host window where any aten op or bridge is a violation. On CPU the autotuner lau
 benchmarks, and the runs of a case take each config in turn (triton_gpu.hook_autotune). On CUDA the timed calls
 (3 warm-up + 20) run under the same audit and launch count as the checked call. On CUDA Triton's allocator is
 torch's (tl.make_tensor_descriptor needs global scratch at launch; the accepted language cannot set one).
-At every interpreted launch (CPU) the GPU's own semantics are put back: rewards/triton_gpu.py. On CPU every
-torch.empty* of the candidate's process outside kernel launches is also filled with garbage (NaN, random integers:
-_fill_garbage), as a GPU's reused allocator block would be, where CPU gives zero pages.
+At every checked launch the GPU's own semantics are put back: rewards/triton/gpu.py. Every torch.empty* of the
+candidate's process outside kernel launches is filled with garbage (_fill_garbage), as a GPU's reused allocator
+block would be, where CPU gives zero pages: in run r of a checked case floats are NaN, huge positive or huge
+negative finite values by r % 3 (a forgotten initialisation that maxnum / minnum or a sum hides under one cannot
+hide under all), integers random; the native run's floats are NaN.
+A CUDA job first starts CUDA, before the candidate's text is read: a failure exits with HARNESS_FAILED and the
+reason on stderr (the parent's harness_error: the reward did not look), which accepted code cannot forge (it
+reaches no os._exit, and every SystemExit it raises is caught).
 """
 
 import copy
@@ -50,6 +57,7 @@ import resource
 import statistics
 import sys
 import threading
+import time
 import types
 
 import torch
@@ -75,6 +83,8 @@ _SCALARS = (int, float, bool, str, type(None))
 _EMPTY = frozenset("empty empty_like empty_strided new_empty new_empty_strided".split())   # uninitialised memory
 _TIME_WARMUP, _TIME_ITERS = 3, 20
 _CANDIDATE = os.path.abspath("candidate.py")
+_GARBAGE = ("nan", "huge", "-huge")     # what fresh floats hold in run r of a checked case: _GARBAGE[r % 3]
+HARNESS_FAILED = 86                     # exit code: the harness could not start CUDA (kernel.HARNESS_FAILED)
 
 
 class _Audit(TorchDispatchMode):
@@ -85,7 +95,8 @@ class _Audit(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.violations, self.launches, self.depth, self.host, self.phase = set(), 0, 0, False, None
-        self.garbage = None          # a torch.Generator: fresh memory (torch.empty*) is filled from it (CPU)
+        self.seed = int.from_bytes(os.urandom(7), "little")     # fresh memory (torch.empty*) is filled from it
+        self.garbage = "nan"         # which floats fill it (_GARBAGE)
 
     @classmethod
     def _should_skip_dynamo(cls):
@@ -100,8 +111,9 @@ class _Audit(TorchDispatchMode):
                 name not in (_LAUNCH_ATEN if self.depth else _FORWARD_ATEN):
             self.violations.add(f"{self.where()}: {func}")
         out = func(*args, **(kwargs or {}))
-        if self.garbage and name in _EMPTY and not self.depth:
-            _fill_garbage(out, self.garbage)
+        if name in _EMPTY and not self.depth:
+            _fill_garbage(out, self.garbage, self.seed)
+            self.seed += 1
         return out
 
     def in_host(self, fn, *args):
@@ -113,11 +125,16 @@ class _Audit(TorchDispatchMode):
             self.host = host
 
 
-def _fill_garbage(t: torch.Tensor, generator: torch.Generator) -> None:
-    """What a GPU's reused allocator block holds, in place of CPU's zero pages: NaN in floating tensors, random
-    values in the rest, so a kernel that leaves part of its output unwritten cannot pass by the zeros."""
+def _fill_garbage(t: torch.Tensor, kind: str, seed: int) -> None:
+    """What a GPU's reused allocator block holds, in place of CPU's zero pages, so a kernel that leaves part of its
+    output unwritten cannot pass by the zeros: floats NaN (kind "nan") or finite values of one sign near the
+    dtype's largest ("huge", "-huge": U(0.25, 0.5) x max), random values in the rest."""
+    generator = torch.Generator(t.device).manual_seed(seed)
     if t.is_floating_point() or t.is_complex():
-        t.fill_(float("nan"))
+        if kind == "nan" or t.is_complex():
+            t.fill_(float("nan"))
+        else:
+            t.uniform_(0.25, 0.5, generator=generator).mul_(torch.finfo(t.dtype).max * (1 if kind == "huge" else -1))
     elif t.dtype == torch.bool:
         t.random_(0, 2, generator=generator)
     else:
@@ -176,7 +193,7 @@ def _hook_launches(audit: _Audit, interpreted) -> None:
             if refused:
                 audit.violations.add(f"launch: {refused}")
                 return None
-            problem = checked and checked.compiler.problem(self, args, kwargs)
+            problem = checked and checked.launch_problem(self, args, kwargs)     # may skip a config
             if problem:
                 audit.violations.add(f"gpu_compile: {problem}"[:_VIOLATION_CHARS])
                 return None
@@ -254,6 +271,13 @@ def _time_ms(fn) -> float:
     return statistics.median(times)
 
 
+def _cpu_bench(kernel_call, quantiles) -> list:
+    """Triton's do_bench for an unchecked interpreted run: one call's wall time in ms, for each quantile asked."""
+    t0 = time.perf_counter()
+    kernel_call()
+    return [(time.perf_counter() - t0) * 1e3] * len(quantiles)
+
+
 def _error(exc: BaseException, importing: bool) -> tuple:
     """(reason, detail) for an exception raised by candidate code: early_exit (SystemExit), compile_error
     (anything while importing the module, the Triton compiler, or the interpreter failing inside a kernel,
@@ -304,20 +328,22 @@ class _Candidate:
         self.tensors = {}
         self.meta = {"error": None, "detail": "", "phase": None, "n_out": [], "launches": [], "runs": [],
                      "violations": [], "ms": None}
-        self.interpreted = None          # triton_gpu.Interpreted on CPU
+        self.interpreted = None          # triton_gpu.Interpreted in the checked run
         self.text = None                 # the candidate's text, run again for every further run of a case
 
     def run(self) -> None:
         with open(_CANDIDATE, encoding="utf-8") as f:
             text = self.text = f.read()  # the text the linter read (coding declarations are rejected there)
         cpu = self.job["device"] == "cpu"
-        if cpu:
+        if self.job["checked"]:
             from triton_gpu import Interpreted     # shipped beside this file (the GPU's semantics, CPU only)
-            self.audit.garbage = torch.Generator().manual_seed(int.from_bytes(os.urandom(7), "little"))
             self.interpreted = Interpreted(text, self.load)     # forks the compiler
-        else:    # tl.make_tensor_descriptor needs global scratch at launch, which the accepted language can't give
+        if not cpu:    # tl.make_tensor_descriptor needs global scratch at launch, which the accepted language can't give
             import triton
             triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+        elif not self.interpreted:     # the interpreter as it is: its autotuner benchmarks with a CPU clock (Triton's
+            from triton.runtime.autotuner import Autotuner      # do_bench needs a GPU driver)
+            Autotuner.do_bench = property(lambda tuner: _cpu_bench)
         _hook_launches(self.audit, self.interpreted)
         _guard_bridges(self.audit)
         threads = _threads()
@@ -362,13 +388,15 @@ class _Candidate:
         earlier run (run 0's outputs in a module-level list) reaches it. Returns run 0's time (CUDA)."""
         interpreted, runs = self.interpreted, 1
         if interpreted:
-            interpreted.run_index, interpreted.runs = 0, 1
+            interpreted.run_index, interpreted.runs = 0, len(_GARBAGE)
         ms = self._run(module, k, case, 0)
         while interpreted and runs < interpreted.runs:
             interpreted.run_index = runs
+            self.audit.garbage = _GARBAGE[runs % len(_GARBAGE)]
             fresh = self._phase("init", lambda: self.load(self.text))     # not "import": the inputs exist by now
             self._run(fresh, k, case, runs)
             runs += 1
+        self.audit.garbage = _GARBAGE[0]
         self.meta["runs"].append(runs)
         return ms
 
@@ -408,6 +436,13 @@ def main() -> None:
     if job["role"] == "reference":
         torch.save(_run_reference(job), "ref.pt")
         return
+    if job["device"] == "cuda":
+        try:                             # before the candidate's text exists here: nothing of it can fail this
+            torch.empty(1, device="cuda").add_(1).item()
+        except Exception as e:
+            sys.stderr.write(f"CUDA did not start in the sandbox: {type(e).__name__}: {e}"[:1000])
+            sys.stderr.flush()
+            os._exit(HARNESS_FAILED)
     data = torch.load(io.BytesIO(sys.stdin.buffer.read()), weights_only=True)
     os.close(0)                          # the inputs now exist only in this process, not as a file
     cand = _Candidate(job, data)

@@ -1,4 +1,4 @@
-"""The language the AutoTriton reward accepts (rewards/triton_lint.py checks it; rewards/triton_kernel.py
+"""The language the AutoTriton reward accepts (rewards/triton/lint.py checks it; rewards/triton/kernel.py
 is the reward): its rules, the names they allow, and the one-pass index of a module the linter reads.
 
 The accepted language (an allowlist: what is not described here is refused; reason in brackets).
@@ -216,7 +216,7 @@ def _triton_reads() -> frozenset:
     interpreter_semantic, chained comparisons through _InterpreterComparison, builtins and boolean operators
     through triton_gpu's _SEMANTICS): found by rewriting a probe with the rewrite the sandbox gives Triton's
     interpreter. A file binding one would run its own code inside every launch."""
-    from rewards.triton_gpu import gpu_transformer
+    from rewards.triton.gpu import gpu_transformer
     probe = ast.parse("def k(a, b, c):\n    d = a < b < c\n    d += a\n    e: int = b\n    if a and b or not c:\n"
                       "        return [f(a) for f in c][0].x\n    while a == b != c:\n        a, b = b, max(a, 1)\n"
                       "    assert a, b\n")

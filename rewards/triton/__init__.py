@@ -1,0 +1,1 @@
+"""The AutoTriton reward (README.md here): `from rewards.triton.kernel import triton_reward`."""
