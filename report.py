@@ -219,9 +219,9 @@ def failure_line(step: int, every: list[dict]) -> str | None:
             + ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())) + f"; first: {first}")
 
 
-def say(rank: int, line: str) -> None:
-    """Rank 0: a line on the console above the progress bar (and in train.log, which copies stdout)."""
-    if rank == 0:
+def say(rank: int, line: str | None) -> None:
+    """Rank 0: a line (if any) on the console above the progress bar (and in train.log, which copies stdout)."""
+    if rank == 0 and line:
         from tqdm import tqdm
         tqdm.write(line, file=sys.stdout)
 

@@ -428,8 +428,7 @@ def stop_if_rewards_failed(run: Run, step: int, groups) -> None:
     step in which every sample's reward failed (on every rank) is a data or code bug, not a score: stop with the
     first failure and its data row rather than train on all-zero rewards."""
     line = report.failure_line(step, all_gather_list([report.reward_failures([i for g in groups for _, i in g.scores])]))
-    if line:
-        report.say(run.rank, line)
+    report.say(run.rank, line)
     failed = [(g.row, info) for g in groups for _, info in g.scores if info["reason"] in NOT_SCORED]
     n_failed, n = all_sum([len(failed), sum(len(g.scores) for g in groups)], run.device)
     if n and n_failed == n:
@@ -1066,8 +1065,7 @@ def run_eval(cfg: Config) -> None:
 
 
 def preflight(argv: list[str], world: int) -> None:
-    """What can be checked before any rank starts (the launcher runs it): config, run_dir, data files' rows, the chat
-    template file."""
+    """What can be checked before any rank starts (the launcher runs it): config, run_dir, rows, chat template."""
     cfg = load_config(argv, world)
     check_run_dir(cfg, world)
     for path in ([cfg.train_data] if cfg.mode != "eval" else []) + ([cfg.eval_data] if cfg.eval_data else []):

@@ -268,7 +268,7 @@ MUTANTS = [
     ("a TRL function gets no dataset columns", "rewards/styles.py",
      'columns = {k: [v] for k, v in row.items() if k not in NOT_COLUMNS and not k.startswith("_")}', "columns = {}",
      ["tests/test_reward_styles.py", "-k", "as_trl"]),
-    ("a step's reward failures are not said", "trainer.py", "    if line:\n        report.say(run.rank, line)\n", "",
+    ("a step's reward failures are not said", "trainer.py", "    report.say(run.rank, line)\n", "",
      ["tests/test_reward_styles.py", "-k", "trained"]),
     ("reward workers see every GPU (all on GPU 0)", "rewards/pool.py", "    os.environ.update(env)  # before",
      "    pass  # before", ["tests/test_pool.py", "-k", "gpu"]),
