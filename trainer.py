@@ -54,7 +54,7 @@ from rewards.advantages import Overlong, accuracy_filter, grpo_advantages, rloo_
 from rewards.pool import RewardPool
 from rewards.prime import Prime
 from rewards.sandbox import SandboxUnavailable, require_isolation
-from rewards.user import component_metrics, context, reward_pool
+from rewards.user import check_imports, component_metrics, context, reward_pool
 from tasks import NOT_SCORED, UNTRUSTED_TASKS, env_of, preflight as reward_preflight
 from rollout import mismatch
 from rollout.copris import CoprisScheduler, Trajectory
@@ -1065,7 +1065,8 @@ def run_eval(cfg: Config) -> None:
 
 
 def preflight(argv: list[str], world: int) -> None:
-    """What can be checked before any rank starts (the launcher runs it): config, run_dir, rows, chat template."""
+    """What can be checked before any rank starts (the launcher runs it): config, run_dir, rows, chat template,
+    reward files."""
     cfg = load_config(argv, world)
     check_run_dir(cfg, world)
     for path in ([cfg.train_data] if cfg.mode != "eval" else []) + ([cfg.eval_data] if cfg.eval_data else []):
@@ -1074,6 +1075,7 @@ def preflight(argv: list[str], world: int) -> None:
         check_chat_template(cfg, rows)  # chat_template_file compiles, and renders every row's prompt
         if path == cfg.train_data:
             config.check_one_batch(cfg, len(rows))
+    check_imports(cfg)  # reward.funcs' files import, in a reward worker
 
 
 def main(argv: list[str]) -> int:

@@ -287,6 +287,9 @@ MUTANTS = [
      ["tests/test_reward_styles.py", "-k", "samples"]),
     ("samples.jsonl holds the row's raw prompt", "report.py", '"prompt": run.tok.decode(row["prompt_ids"])',
      '"prompt": row["prompt"]', ["tests/test_reward_styles.py", "-k", "samples"]),
+    ("the launcher does not import the reward files", "trainer.py",
+     "    check_imports(cfg)  # reward.funcs' files import", "    pass  # reward.funcs' files import",
+     ["tests/test_user_rewards.py", "-k", "raises_on_import"]),
 ]
 
 
