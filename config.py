@@ -50,19 +50,88 @@ PAPER_DEFAULTS = {
 }
 
 
-# TRL's and verl's names for our keys (docs/from-trl-and-verl.md's table; tests/test_config.py checks they agree):
-# an unknown key that is one of them is answered with ours
-OTHER_NAMES = {"learning_rate": "lr", "num_generations": "n_samples", "max_completion_length": "max_response_len",
-               "max_prompt_length": "max_prompt_len", "max_response_length": "max_response_len",
-               "max_grad_norm": "grad_clip", "model_name_or_path": "model_path",
-               "output_dir": "run_dir", "max_steps": "steps", "total_training_steps": "steps", "beta": "kl_coef",
-               "kl_loss_coef": "kl_coef", "epsilon": "clip_low", "epsilon_high": "clip_high",
-               "clip_ratio_low": "clip_low", "clip_ratio_high": "clip_high", "clip_ratio_c": "dual_clip",
-               "entropy_coeff": "entropy_coef", "loss_agg_mode": "loss_agg", "scale_rewards": "scale_std",
-               "adv_estimator": "advantage", "save_steps": "save_every", "save_freq": "save_every",
-               "save_total_limit": "keep_checkpoints", "eval_steps": "eval_every", "test_freq": "eval_every",
-               "lr_warmup_steps": "warmup_steps", "train_batch_size": "batch_groups",
-               "resume_from_checkpoint": "resume", "lora_rank": "lora.rank", "lora_alpha": "lora.alpha"}
+# TRL's and verl's names (docs/from-trl-and-verl.md's tables; tests/test_config.py checks every name there): an
+# unknown key that is one of them, or ends in one (verl's dotted paths: actor_rollout_ref.actor.optim.lr), is answered
+# with ours; NOT_HERE: the names with no key here, answered with why
+OTHER_NAMES = {
+    # batch and sampling
+    "num_generations": "n_samples", "rollout.n": "n_samples", "train_batch_size": "batch_groups",
+    "per_device_train_batch_size": ("batch_groups", "token_budget"), "gradient_accumulation_steps": "batch_groups",
+    "steps_per_generation": "mini_batches", "ppo_mini_batch_size": "mini_batches", "num_iterations": "ppo_epochs",
+    "use_dynamic_bsz": "token_budget", "ppo_max_token_len_per_gpu": "token_budget",
+    "max_prompt_length": "max_prompt_len", "max_completion_length": "max_response_len",
+    "max_response_length": "max_response_len", "chat_template_path": "chat_template_file",
+    "apply_chat_template_kwargs": "chat_template_file", "filter_groups": "copris.dynamic_sampling",
+    "filter_groups.enable": "copris.dynamic_sampling",
+    # loss and advantages
+    "beta": "kl_coef", "kl_loss_coef": "kl_coef", "use_kl_loss": "kl_coef", "kl_loss_type": "kl_coef",
+    "epsilon": "clip_low", "epsilon_high": "clip_high", "clip_ratio_low": "clip_low", "clip_ratio_high": "clip_high",
+    "delta": "dual_clip", "clip_ratio_c": "dual_clip", "loss_type": ("loss_agg", "objective"),
+    "loss_agg_mode": "loss_agg", "scale_rewards": "scale_std", "norm_adv_by_std_in_grpo": "scale_std",
+    "adv_estimator": "advantage", "entropy_coeff": "entropy_coef", "importance_sampling_level": "objective",
+    "policy_loss": "objective", "loss_mode": "objective",
+    "mask_truncated_completions": ("overlong.filter", "overlong.buffer"),
+    "vllm_importance_sampling_correction": "correction.mode", "vllm_importance_sampling_mode": "correction.mode",
+    "vllm_importance_sampling_cap": "correction.threshold", "rollout_correction": "correction.mode",
+    "rollout_is": "correction.mode", "rollout_is_threshold": "correction.threshold", "rollout_rs": "correction.mode",
+    "reward_funcs": "reward.funcs", "reward_weights": "reward.weights", "custom_reward_function": "reward.funcs",
+    "custom_reward_function.path": "reward.funcs", "custom_reward_function.name": "reward.funcs",
+    # optimizer and model
+    "learning_rate": "lr", "optim.lr": "lr", "lr_warmup_steps": "warmup_steps", "warmup_ratio": "warmup_steps",
+    "lr_scheduler_type": "lr_schedule", "min_lr_ratio": "lr_schedule", "max_grad_norm": "grad_clip",
+    "model_name_or_path": "model_path", "model.path": "model_path", "peft_config": ("lora.rank", "lora.alpha"),
+    "lora_rank": "lora.rank", "lora_alpha": "lora.alpha", "target_modules": "lora.target_modules",
+    # engine
+    "vllm_gpu_memory_utilization": "engine.gpu_memory_utilization",
+    "gpu_memory_utilization": "engine.gpu_memory_utilization",
+    "vllm_tensor_parallel_size": "engine.tensor_parallel_size",
+    "tensor_model_parallel_size": "engine.tensor_parallel_size", "max_num_seqs": "engine.max_num_seqs",
+    "enforce_eager": "engine.enforce_eager",
+    # run, evaluation, checkpoints
+    "max_steps": "steps", "total_training_steps": "steps", "output_dir": "run_dir", "default_local_dir": "run_dir",
+    "save_steps": "save_every", "save_freq": "save_every", "save_total_limit": "keep_checkpoints",
+    "max_actor_ckpt_to_keep": "keep_checkpoints", "resume_from_checkpoint": "resume", "resume_mode": "resume",
+    "resume_from_path": "resume", "eval_steps": "eval_every", "test_freq": "eval_every",
+    "val_kwargs.n": "eval_samples", "report_to": ("tensorboard", "wandb_project"),
+    "trainer.logger": ("tensorboard", "wandb_project"), "log_completions": "log_samples",
+    "num_completions_to_print": "log_samples", "log_val_generations": "log_samples",
+    "eval_strategy": ("eval_data", "eval_every"), "eval_dataset": "eval_data",
+}
+NOT_HERE = {
+    "reward_model": "a row's task picks its scorer in tasks.py (docs/data.md)",
+    "bf16": "on CUDA always bf16 compute with fp32 master weights",
+    "gradient_checkpointing": "on CUDA the layers are always checkpointed",
+    "enable_gradient_checkpointing": "on CUDA the layers are always checkpointed",
+    "fsdp_config": "FSDP2 always, bf16 compute with fp32 master weights on CUDA",
+    "use_vllm": "always one colocated vLLM engine per rank or engine group",
+    "vllm_mode": "always one colocated vLLM engine per rank or engine group",
+    "rollout.name": "always one colocated vLLM engine per rank or engine group",
+    "vllm_enable_sleep_mode": "on CUDA the engine always sleeps while the policy trains",
+    "free_cache_engine": "on CUDA the engine always sleeps while the policy trains",
+    "n_gpus_per_node": "python trainer.py --nproc_per_node N (or torchrun --nproc_per_node N)",
+    "nnodes": "torchrun --nnodes M (docs/running.md: several nodes)",
+}
+
+
+def other_name_hint(key: str, ours: set[str]) -> str | None:
+    """The hint for an unknown top-level key that is TRL's or verl's (OTHER_NAMES, NOT_HERE), or whose dotted tail
+    is theirs or ours (`ours`: every key here, dotted for a section); None when it is none of them."""
+    parts = key.split(".")
+    for tail in (".".join(parts[i:]) for i in range(len(parts))):
+        said = OTHER_NAMES.get(tail, tail if tail in ours and tail != key else None)
+        if said:
+            return "here it is " + " or ".join(repr(k) for k in ((said,) if isinstance(said, str) else said))
+        if tail in NOT_HERE:
+            return f"not a key here: {NOT_HERE[tail]}"
+    return None
+
+
+def keys_of(cls, prefix: str = "") -> set[str]:
+    """Every key of the dataclass cls, a section's as section.key."""
+    out = set()
+    for name, tp in typing.get_type_hints(cls).items():
+        out |= keys_of(tp, f"{prefix}{name}.") if dataclasses.is_dataclass(tp) else {prefix + name}
+    return out
 
 
 class _Loader(yaml.SafeLoader):
@@ -120,9 +189,10 @@ def _apply(obj, key: str, value, from_cli: bool, prefix: str = "") -> None:
     hints = typing.get_type_hints(type(obj))
     if head not in hints:
         near = difflib.get_close_matches(head, list(hints), n=1)
-        hint = (f" (TRL's / verl's name; here it is {OTHER_NAMES[head]!r}: docs/from-trl-and-verl.md)"
-                if head in OTHER_NAMES and not prefix else f" (did you mean {prefix + near[0]!r}?)" if near else "")
-        raise ConfigError(f"unknown config key {prefix + head!r}{hint}")
+        theirs = None if prefix else other_name_hint(key, keys_of(type(obj)))
+        hint = (f" (TRL's / verl's name; {theirs}: docs/from-trl-and-verl.md)" if theirs
+                else f" (did you mean {prefix + near[0]!r}?)" if near else "")
+        raise ConfigError(f"unknown config key {(prefix + head) if prefix or not theirs else key!r}{hint}")
     tp, full = hints[head], prefix + head
     if dataclasses.is_dataclass(tp):
         if rest:
@@ -300,7 +370,9 @@ def host_available_bytes() -> int | None:
 def sleep_backup_problem(cfg, local_ranks: int, available: int | None) -> str | None:
     """LoRA on CUDA: the engine sleeps at level 1 (rollout/vllm_engine.py: nothing pushes the base back), which backs
     its bf16 weights up in pinned host memory while the policy trains: numel x 2 B / engine.tensor_parallel_size per
-    rank, local_ranks of them on this host. -> why the host cannot hold that, or None (it can, or a figure is
+    rank, local_ranks of them on this host. A lower bound: the sleep also backs up the engine's other allocations
+    tagged as weights (buffers, and CUDA-graph memory with engine.enforce_eager false), not measured without a GPU
+    and not counted; the message says so. -> why the host cannot hold that, or None (it can, or a figure is
     unknown)."""
     numel = checkpoint_numel(cfg.model_path)
     if numel is None or available is None:
@@ -312,7 +384,8 @@ def sleep_backup_problem(cfg, local_ranks: int, available: int | None) -> str | 
         return None
     return (f"lora.rank={cfg.lora.rank}: on CUDA the engine sleeps at level 1, which keeps a copy of its bf16 "
             f"weights in pinned host memory: {local_ranks} ranks x {per_rank / 1e9:.1f} GB = {need / 1e9:.1f} GB on "
-            f"this host, but only {available / 1e9:.1f} GB is available (MemAvailable): use fewer ranks per host, "
+            f"this host (the weights alone: the buffers and CUDA-graph memory the sleep also copies are not counted), "
+            f"but only {available / 1e9:.1f} GB is available (MemAvailable): use fewer ranks per host, "
             f"a host with more memory, or shard the engine (engine.tensor_parallel_size={2 * t} halves each copy)")
 
 
@@ -374,6 +447,10 @@ def validate(cfg, world: int) -> None:
     if t < 1 or world % t:
         raise ConfigError(f"engine.tensor_parallel_size={t} does not divide the {world} ranks (they form world / t "
                           f"engine groups of t consecutive ranks, one vLLM engine each)")
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))  # ranks on this node (torchrun and the launcher set it)
+    if local % t:
+        raise ConfigError(f"engine.tensor_parallel_size={t} does not divide the {local} ranks per node: an engine "
+                          f"group (t consecutive ranks) would span two nodes, which is not supported: use a t that divides it")
     heads = model_cfg.get("num_attention_heads")
     if isinstance(heads, int) and heads % t:
         raise ConfigError(f"engine.tensor_parallel_size={t} does not divide the model's {heads} attention heads "

@@ -294,6 +294,7 @@ def run(argv: list[str], preflight) -> int:
     if torch.cuda.is_available() and nproc > torch.cuda.device_count():
         print(f"config error: {too_many_ranks(nproc, torch.cuda.device_count())}", file=sys.stderr)
         return 2
+    os.environ["LOCAL_WORLD_SIZE"] = str(nproc)  # as torchrun sets it in the ranks: the checks of one node's ranks
     try:
         preflight(rest, nproc * nnodes)
     except ConfigError as e:
@@ -301,7 +302,7 @@ def run(argv: list[str], preflight) -> int:
         return 2
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run as torchrun
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // nproc)))
     logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
     stopping = []
 

@@ -60,7 +60,8 @@ def init_distributed(timeout_s: float = 3600.0) -> tuple[int, int, torch.device]
         dist.init_process_group("nccl", device_id=device, timeout=timeout, **group)
     else:
         device = torch.device("cpu")
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+        # the CPUs this process may use (Slurm's --cpus-per-task, taskset), shared by the node's ranks
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
         dist.init_process_group("gloo", timeout=timeout, **group)
     return dist.get_rank(), dist.get_world_size(), device
 

@@ -149,7 +149,7 @@ def log_metrics(run_dir: Path, sinks: list, metrics: dict) -> None:
         sink(metrics)
 
 
-SAMPLE_COLUMNS = ("prompt", "completion", "reward", "reason")
+SAMPLE_COLUMNS = ("prompt", "completion", "reward", "reason", "components", "error")  # "" where a sample has none
 
 
 def metric_sinks(cfg, run_dir: Path) -> list:
@@ -163,7 +163,7 @@ def metric_sinks(cfg, run_dir: Path) -> list:
         def tensorboard(m: dict, samples: list | None = None) -> None:
             if samples:  # a markdown table under the Text tab, one per step
                 rows = ["| " + " | ".join(SAMPLE_COLUMNS) + " |", "|" + "---|" * len(SAMPLE_COLUMNS)]
-                rows += ["| " + " | ".join(json.dumps(str(x[c]))[1:-1].replace("|", "\\|") for c in SAMPLE_COLUMNS)
+                rows += ["| " + " | ".join(json.dumps(str(x.get(c, "")))[1:-1].replace("|", "\\|") for c in SAMPLE_COLUMNS)
                          + " |" for x in samples]
                 writer.add_text("samples", "\n".join(rows), m["step"])
             for k, v in ({} if samples else m).items():
@@ -178,7 +178,8 @@ def metric_sinks(cfg, run_dir: Path) -> list:
         def wandb_log(m: dict, samples: list | None = None) -> None:
             if samples:
                 wb.log({"samples": wandb.Table(columns=list(SAMPLE_COLUMNS),
-                                               data=[[x[c] for c in SAMPLE_COLUMNS] for x in samples])}, step=m["step"])
+                                               data=[[str(x.get(c, "")) for c in SAMPLE_COLUMNS] for x in samples])},
+                       step=m["step"])
             else:
                 wb.log({k: v for k, v in m.items() if k != "step"}, step=m["step"])
         sinks.append(wandb_log)
@@ -218,23 +219,26 @@ def failure_line(step: int, every: list[dict]) -> str | None:
             + ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())) + f"; first: {first}")
 
 
-def say(rank: int, line: str) -> None:
-    """Rank 0: a line on the console above the progress bar (and in train.log, which copies stdout)."""
-    if rank == 0:
+def say(rank: int, line: str | None) -> None:
+    """Rank 0: a line (if any) on the console above the progress bar (and in train.log, which copies stdout)."""
+    if rank == 0 and line:
         from tqdm import tqdm
         tqdm.write(line, file=sys.stdout)
 
 
 def write_samples(run, step: int, groups, text_of) -> None:
-    """log_samples: rank 0 appends its first log_samples completions of the step to run_dir/samples.jsonl, one line
-    each: {step, prompt, completion, reward, reason, and components (reward.funcs) or error where the info has them}
-    (text_of(trajectory) -> what the model wrote), and gives them to the tensorboard / wandb sinks when on."""
+    """log_samples: rank 0 appends log_samples of the step's completions to run_dir/samples.jsonl, taken across its
+    groups in turn (each group's first sample, then each one's second...: distinct prompts first), one line each:
+    {step, prompt (as the model saw it: the templated prompt's tokens decoded), completion, reward, reason, and
+    components, failed, error where the info has them} (text_of(trajectory) -> what the model wrote), and gives them
+    to the tensorboard / wandb sinks when on."""
     if run.rank != 0:
         return
-    done = [(g.row, tr, score, info) for g in groups for tr, (score, info) in zip(g.samples, g.scores)]
-    lines = [{"step": step, "prompt": row["prompt"], "completion": text_of(tr), "reward": score,
-              "reason": info.get("reason"), **{k: info[k] for k in ("components", "error") if k in info}}
-             for row, tr, score, info in done[:run.cfg.log_samples]]
+    turns = sorted((j, i) for i, g in enumerate(groups) for j in range(len(g.samples)))[:run.cfg.log_samples]
+    done = [(groups[i].row, groups[i].samples[j], *groups[i].scores[j]) for j, i in turns]
+    lines = [{"step": step, "prompt": run.tok.decode(row["prompt_ids"]), "completion": text_of(tr), "reward": score,
+              "reason": info.get("reason"), **{k: info[k] for k in ("components", "failed", "error") if k in info}}
+             for row, tr, score, info in done]
     with open(run.run_dir / "samples.jsonl", "a", encoding="utf-8") as f:
         f.write("".join(json.dumps(x) + "\n" for x in lines))
     for sink in run.sinks:  # tensorboard / wandb: a table of them

@@ -42,7 +42,8 @@ import launch
 import report
 from config import ConfigError, RewardConfig
 from launch import check_run_dir, complete_checkpoints, read_manifest, start_run_dir
-from data.rows import PromptSource, load_rows, load_tokenizer, serving_tokenizer, tokenize_prompts, tokenize_sft
+from data.rows import (PromptSource, check_chat_template, load_rows, load_tokenizer, serving_tokenizer, tokenize_prompts,
+                       tokenize_sft)
 from kernels import fused_linear_ppo_loss
 from kernels.ppo_loss import token_weights
 from model import (DUMMY, EngineGroup, Row, adapter_disabled, all_gather_list, all_max, all_sum,
@@ -53,7 +54,7 @@ from rewards.advantages import Overlong, accuracy_filter, grpo_advantages, rloo_
 from rewards.pool import RewardPool
 from rewards.prime import Prime
 from rewards.sandbox import SandboxUnavailable, require_isolation
-from rewards.user import component_metrics, context, reward_pool
+from rewards.user import check_imports, component_metrics, context, reward_pool
 from tasks import NOT_SCORED, UNTRUSTED_TASKS, env_of, preflight as reward_preflight
 from rollout import mismatch
 from rollout.copris import CoprisScheduler, Trajectory
@@ -427,15 +428,15 @@ def stop_if_rewards_failed(run: Run, step: int, groups) -> None:
     step in which every sample's reward failed (on every rank) is a data or code bug, not a score: stop with the
     first failure and its data row rather than train on all-zero rewards."""
     line = report.failure_line(step, all_gather_list([report.reward_failures([i for g in groups for _, i in g.scores])]))
-    if line:
-        report.say(run.rank, line)
+    report.say(run.rank, line)
     failed = [(g.row, info) for g in groups for _, info in g.scores if info["reason"] in NOT_SCORED]
     n_failed, n = all_sum([len(failed), sum(len(g.scores) for g in groups)], run.device)
     if n and n_failed == n:
         row, info = failed[0] if failed else ({}, {})
+        fix = "that reward function" if "failed" in info else "the rows' answers or tests and the task's scorer (tasks.py)"
         raise TrainingError(f"every reward of this step failed ({int(n)} samples), e.g. {row.get('_where', '?')} "
                             f"(task {row.get('task')}): {info.get('reason')}: {info.get('error') or info.get('detail')}"
-                            f"; check the rows' answers or tests and the task's scorer (tasks.py)")
+                            f"; check {fix}")
 
 
 def informative_group(run: Run, group) -> bool:
@@ -1064,14 +1065,17 @@ def run_eval(cfg: Config) -> None:
 
 
 def preflight(argv: list[str], world: int) -> None:
-    """What can be checked before any rank starts (the launcher runs it): config, run_dir, data files' rows."""
+    """What can be checked before any rank starts (the launcher runs it): config, run_dir, rows, chat template,
+    reward files."""
     cfg = load_config(argv, world)
     check_run_dir(cfg, world)
     for path in ([cfg.train_data] if cfg.mode != "eval" else []) + ([cfg.eval_data] if cfg.eval_data else []):
         rows = load_rows(path, "sft" if cfg.mode == "sft" else "rl")
         check_sandbox(cfg, rows if cfg.mode != "sft" else [])
+        check_chat_template(cfg, rows)  # chat_template_file compiles, and renders every row's prompt
         if path == cfg.train_data:
             config.check_one_batch(cfg, len(rows))
+    check_imports(cfg)  # reward.funcs' files import, in a reward worker
 
 
 def main(argv: list[str]) -> int:

@@ -9,6 +9,7 @@ ConfigError naming file:row and the problem. Rows too long for the limits are sk
 """
 import copy
 import json
+import traceback
 from pathlib import Path
 
 import torch
@@ -94,8 +95,26 @@ def prompt_text(row: dict, tok, chat_template: bool) -> str:
         try:
             return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         except Exception as e:  # jinja's TemplateError and friends: the row's messages don't fit the template
-            raise ConfigError(f"{row['_where']}: the chat template failed on this prompt ({type(e).__name__}: {e})") from None
+            raise ConfigError(f"{row['_where']}: the chat template ({template_where(tok, e)}) failed on this prompt "
+                              f"({type(e).__name__}: {e})") from None
     return prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
+
+
+def template_where(tok, e: BaseException) -> str:
+    """`file:line` of the chat template a jinja error points at: the syntax error's line, else the deepest frame of
+    the rendered template (its file: chat_template_file, or the tokenizer's own)."""
+    lines = [f.lineno for f in traceback.extract_tb(e.__traceback__) if f.filename in ("<template>", "<unknown>")]
+    line = getattr(e, "lineno", None) or (lines[-1] if lines else "?")
+    return f"{getattr(tok, 'template_file', None) or 'the tokenizer_config.json template'}:{line}"
+
+
+def check_chat_template(cfg, rows: list[dict]) -> None:
+    """The launcher's check of chat_template_file before any rank starts: it compiles (load_tokenizer) and renders
+    every row's prompt; an error names the row and the template's file and line."""
+    if cfg.chat_template and cfg.chat_template_file:
+        tok = load_tokenizer(cfg.model_path, cfg.chat_template_file)
+        for row in rows:
+            prompt_text(row, tok, True)
 
 
 def load_tokenizer(model_path: str, chat_template_file: str = ""):
@@ -107,7 +126,13 @@ def load_tokenizer(model_path: str, chat_template_file: str = ""):
     except (OSError, ValueError) as e:
         raise ConfigError(f"model_path {model_path}: its tokenizer does not load ({type(e).__name__}: {e})") from None
     if chat_template_file:
-        tok.chat_template = Path(chat_template_file).read_text(encoding="utf-8")
+        from transformers.utils.chat_template_utils import _compile_jinja_template  # how apply_chat_template compiles
+        tok.chat_template, tok.template_file = Path(chat_template_file).read_text(encoding="utf-8"), chat_template_file
+        try:
+            _compile_jinja_template(tok.chat_template)
+        except Exception as e:  # jinja's TemplateSyntaxError / TemplateAssertionError (an unknown filter)
+            raise ConfigError(f"chat_template_file {template_where(tok, e)}: not a valid jinja template "
+                              f"({type(e).__name__}: {e})") from None
     if not tok("a 1", add_special_tokens=False)["input_ids"] or tok.eos_token_id is None:
         raise ConfigError(f"model_path {model_path}: its tokenizer does not load (it encodes nothing or has no "
                           f"eos token: tokenizer.json / tokenizer_config.json missing?)")

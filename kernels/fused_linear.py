@@ -55,6 +55,8 @@ token loss's derivative by autograd through ppo_loss's torch token loss); impl="
 row kernels of fused_ppo.py / token_logprobs.py on the chunk's logits, dlogits written over them in place. The
 GEMMs are torch's (cuBLAS / CPU BLAS) in both.
 """
+import functools
+
 import torch
 
 from kernels._common import use_triton
@@ -101,9 +103,20 @@ def _chunk_logits(h, weight, bias, chunk, with_scratch):
         yield sl, z, None if s_buf is None else s_buf[: sl.stop - s]
 
 
-# addmm's dtype overload (bf16/fp16 operands, an fp32 self and output: tensor cores accumulating into fp32) exists from
-# torch 2.10; before it the weight gradient is accumulated by an fp32 addmm_ (the same sum, without tensor cores).
-_ADDMM_FP32_OUT = hasattr(torch.ops.aten.addmm, "dtype_out")
+@functools.cache
+def addmm_fp32_out(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether addmm's dtype overload takes `dtype` operands with an fp32 self and output on `device` (tensor cores
+    accumulating into fp32): torch 2.8 and 2.9 have the overload but their CUDA addmm refuses an fp32 self; CPU has no
+    kernel for it. Probed once per device and dtype on 2 x 2 tensors; where it fails, the weight gradient is
+    accumulated by an fp32 addmm_ (the same sum, without tensor cores)."""
+    if not hasattr(torch.ops.aten.addmm, "dtype_out"):
+        return False
+    acc, a = torch.zeros(2, 2, device=device), torch.ones(2, 2, device=device, dtype=dtype)
+    try:
+        torch.ops.aten.addmm.dtype_out(acc, a, a, torch.float32, out=acc)
+    except (RuntimeError, TypeError):  # NotImplementedError (no kernel) is a RuntimeError; a refused dtype mix too
+        return False
+    return bool((acc == 2).all())
 
 
 class _Grads:
@@ -122,8 +135,10 @@ class _Grads:
             self.dh[sl] = torch.mm(dz.to(weight.dtype), weight)  # (C, H)
         if self.dw is None:
             pass
-        elif self.dw.is_cuda and h_c.dtype in (torch.bfloat16, torch.float16) and _ADDMM_FP32_OUT:  # tensor cores,
-            torch.ops.aten.addmm.dtype_out(self.dw, dz.T.to(h_c.dtype), h_c, torch.float32, out=self.dw)  # fp32 acc
+        elif self.dw.is_cuda and h_c.dtype in (torch.bfloat16, torch.float16) and addmm_fp32_out(self.dw.device,
+                                                                                                  h_c.dtype):
+            torch.ops.aten.addmm.dtype_out(self.dw, dz.T.to(h_c.dtype), h_c, torch.float32, out=self.dw)  # tensor
+            # cores, fp32 accumulation
         else:
             self.dw.addmm_(dz.T.to(self.dw.dtype), h_c.to(self.dw.dtype))  # (V, H) += (V, C) @ (C, H)
         if self.db is not None:

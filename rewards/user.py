@@ -22,6 +22,7 @@ import json
 import math
 from pathlib import Path
 
+from config import ConfigError
 from rewards.deadline import time_left
 from rewards.pool import RewardPool
 from rewards.sandbox import refusal, run_python
@@ -184,6 +185,31 @@ def context(row: dict, turns: list[dict] | None, ids: list[int] | None, version:
     global_step), steps = steps x ppo_epochs x mini_batches (its max_steps)."""
     return {"messages": messages_of(row, turns) if turns else None, "completion_ids": ids, "step": version,
             "steps": cfg.steps * cfg.ppo_epochs * cfg.mini_batches}
+
+
+def _import_files(specs: tuple) -> tuple[float, dict]:
+    """A pool job: import every user file of specs; -> (0, {"reason": "ok"}) or the first failure's message."""
+    for path, name, *_ in specs:
+        try:
+            function(path, name)
+        except Failure as f:
+            return 0.0, {"reason": "reward_error", "error": str(f)}
+    return 0.0, {"reason": "ok"}
+
+
+def check_imports(cfg) -> None:
+    """The launcher's check before any rank starts: reward.funcs' files import in a reward worker (never in this
+    process; not with reward.sandbox, whose files run only in the sandbox); a file that raises is a ConfigError with
+    its line."""
+    if not cfg.reward.funcs or cfg.reward.sandbox:
+        return
+    pool = RewardPool(1, cfg.reward_timeout_s + 300.0, fn=_import_files)
+    try:
+        _, info = pool.score([(parse(cfg.reward.funcs, cfg.reward.weights),)])[0]
+    finally:
+        pool.close()
+    if info["reason"] != "ok":
+        raise ConfigError(f"reward.funcs: {info.get('error') or info['reason']}")
 
 
 def reward_pool(cfg) -> RewardPool:

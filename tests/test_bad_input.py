@@ -186,3 +186,24 @@ def test_a_train_file_smaller_than_one_batch_is_refused(tiny, tmp_path, mode, ke
     args = rl_args(tiny, tmp_path / "run", f"--train_data={data}", f"--{key}", f"--mode={mode}")
     with pytest.raises(ConfigError, match=rf"train_data {data}: 3 rows, fewer than one step takes \({key}\)"):
         preflight(args, 2)
+
+
+@pytest.mark.parametrize("template, said", [
+    ("{% for m in messages %}{{ m.content }}\n{% if m.role == 'x' %}\n",
+     "config error: chat_template_file {t}:2: not a valid jinja template (TemplateSyntaxError: Unexpected end of "
+     "template"),
+    ("{% for m in messages %}\n{{ m.content | nosuchfilter }}\n{% endfor %}\n",
+     "config error: chat_template_file {t}:2: not a valid jinja template (TemplateAssertionError: No filter named"),
+    ("{% for m in messages %}\n{{ m.content }}\n{{ raise_exception('no system role') }}\n{% endfor %}\n",
+     "config error: {data}:1: the chat template ({t}:3) failed on this prompt (TemplateError: no system role)"),
+])
+def test_a_bad_chat_template_is_named_with_its_line_before_ranks_start(tiny, tmp_path, template, said):
+    """A template that does not compile names its file and line, not a data row; one that fails while rendering a
+    row names the row and the template's line; the launcher says so before any rank starts (no train.log)."""
+    t = tmp_path / "bad.jinja"
+    t.write_text(template)
+    p = run(trainer_cmd(2, *rl_args(tiny, tmp_path / "run", f"--chat_template_file={t}", "--chat_template=true")))
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    want = said.format(t=t, data=tiny / "data" / "rl_train.jsonl")
+    assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith(want), p.stderr[-2000:]
+    assert not (tmp_path / "run" / "train.log").exists()

@@ -180,18 +180,40 @@ def test_yaml_numbers_in_exponent_form_are_floats(base, tmp_path):
         load_config(["--config", str(y), *base])
 
 
-def test_other_frameworks_names_agree_with_the_mapping_page():
-    """Every TRL / verl name config.OTHER_NAMES answers with one of our keys stands in one row of
-    docs/from-trl-and-verl.md's tables with that key in our column."""
+def mapping_rows() -> dict[str, list[str]]:
+    """docs/from-trl-and-verl.md's tables: every TRL / verl name a user types (backticked in the first two columns:
+    `key` or `key: value`; verl's `ar.` written out as actor_rollout_ref.; class names and commands left out) ->
+    the backticked names of our column in its first row."""
     import re
+    out = {}
+    for line in (ROOT / "docs" / "from-trl-and-verl.md").read_text().splitlines():
+        cells = line.split("|")[1:4]
+        if not line.startswith("| ") or cells[0].strip() == "TRL":
+            continue
+        for name in re.findall(r"`([^`]+)`", cells[0] + cells[1]):
+            name = name.split(":")[0].strip().replace("ar.", "actor_rollout_ref.", 1 if name.startswith("ar.") else 0)
+            if " " not in name and name.islower():
+                out.setdefault(name, [k.split(":")[0] for k in re.findall(r"`([^`]+)`", cells[2])])
+    return out
+
+
+def test_every_name_of_the_mapping_page_is_answered_with_ours(base):
+    """Each TRL / verl name in docs/from-trl-and-verl.md's tables that is not one of our keys stops the run with a
+    hint naming a key of our column (a row pairs several names with several keys: temperature, top_p), or where the
+    column has none, saying there is no such key here; no hint is a did-you-mean."""
     import config
     from tests.test_docs import config_keys
-    rows = [line.split("|")[1:4] for line in (ROOT / "docs" / "from-trl-and-verl.md").read_text().splitlines()
-            if line.startswith("| ")]
-    for other, ours in config.OTHER_NAMES.items():
-        assert ours in config_keys(), ours
-        assert any(re.search(rf"(?<![\w]){other}(?![\w])", trl + verl) and f"`{ours}`" in here
-                   for trl, verl, here in rows), (other, ours)
+    rows = mapping_rows()
+    assert len(rows) > 80 and "num_iterations" in rows and "actor_rollout_ref.actor.optim.lr" in rows, sorted(rows)
+    for name, ours in rows.items():
+        if name in config_keys():
+            continue
+        with pytest.raises(ConfigError) as e:
+            load_config([*base, f"--{name}=1"])
+        said, keys = str(e.value), [k for k in ours if k in config_keys()]
+        assert "TRL's / verl's name" in said and "did you mean" not in said, (name, said)
+        assert any(repr(k) in said for k in keys) if keys else "not a key here" in said, (name, ours, said)
+    assert all(k in config_keys() for v in config.OTHER_NAMES.values() for k in ((v,) if isinstance(v, str) else v))
 
 
 def test_help_survives_a_closed_pipe_and_names_plot_and_the_launcher_flags():

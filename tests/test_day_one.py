@@ -104,12 +104,15 @@ def test_tensorboard_sink_writes_scalars_and_the_samples_table(tmp_path, monkeyp
                         types.SimpleNamespace(SummaryWriter=Writer))
     (sink,) = report.metric_sinks(Config(tensorboard=True), tmp_path)
     sink({"step": 3, "reward": 0.5, "note": "x"})
-    sink({"step": 3}, [{"prompt": "a|b", "completion": "c\nd", "reward": 1.0, "reason": "ok", "step": 3}])
+    sink({"step": 3}, [{"prompt": "a|b", "completion": "c\nd", "reward": 1.0, "reason": "ok", "step": 3},
+                       {"prompt": "p", "completion": "c", "reward": 0.5, "reason": "reward_error", "step": 3,
+                        "components": {"f": 0.5}, "error": "mine.py:3 (g): ValueError: x"}])
     assert calls[1] == ("scalar", "reward", 0.5, 3) and len(calls) == 3
     kind, key, table, step = calls[2]
     assert (kind, key, step) == ("text", "samples", 3)
-    assert table.splitlines() == ["| prompt | completion | reward | reason |", "|---|---|---|---|",
-                                  "| a\\|b | c\\nd | 1.0 | ok |"]
+    assert table.splitlines() == ["| prompt | completion | reward | reason | components | error |", "|" + "---|" * 6,
+                                  "| a\\|b | c\\nd | 1.0 | ok |  |  |",
+                                  "| p | c | 0.5 | reward_error | {'f': 0.5} | mine.py:3 (g): ValueError: x |"]
 
 
 def test_sft_validation_loss_is_the_exports_loss(tiny, tmp_path):

@@ -18,7 +18,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LAUNCHER = {"nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "standalone", "config", "plot",
-            "help"}
+            "help", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf", "max_restarts"}  # and torchrun's flags
 
 
 def commands(text: str) -> list[str]:

@@ -280,3 +280,13 @@ def test_token_weights(agg):
     scale = 4.0 if agg == "token-mean" else 3.0
     w_global = token_weights(lens, agg, mask[keep], n_tokens=pad.sum() * scale, n_seqs=(pad.sum(1) > 0).sum() * scale)
     torch.testing.assert_close(w_global, w / scale)
+
+
+def test_fp32_out_addmm_is_probed_not_assumed():
+    """addmm_fp32_out probes the dtype overload once per device and dtype: on CPU (no kernel for it) it says no
+    instead of raising, as it must on CUDA torch 2.8-2.9 (the overload exists, an fp32 self is refused); where it says
+    yes, the probe's sum is right."""
+    probe = FUSED_LINEAR.addmm_fp32_out
+    assert probe(torch.device("cpu"), torch.bfloat16) is False
+    if torch.cuda.is_available():
+        assert probe(torch.device("cuda"), torch.bfloat16) in (True, False)  # either way without an error

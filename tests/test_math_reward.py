@@ -123,3 +123,6 @@ def test_a_step_whose_rewards_all_fail_stops_the_run(world_of_one):
     with pytest.raises(trainer.TrainingError, match="gsm.jsonl:7 .*error: AttributeError"):
         trainer.stop_if_rewards_failed(run, 1, failing)
     trainer.stop_if_rewards_failed(run, 1, failing + [Group(1, row, [], scores=[(0.0, {"reason": "wrong"})])])
+    mine = {"reason": "reward_error", "failed": {"f": ["raised", "m.py:3 (f): KeyError: 'x'"]}, "error": "m.py:3 (f): KeyError: 'x'"}
+    with pytest.raises(trainer.TrainingError, match=r"reward_error: m.py:3 \(f\): KeyError: 'x'; check that reward function$"):
+        trainer.stop_if_rewards_failed(run, 1, [Group(0, row, [], scores=[(0.0, mine)] * 4)])

@@ -6,11 +6,13 @@ solution_str, ground_truth, extra_info=None)`, a float or a dict with "score"; g
 is read from the def; a sample's reward is the weighted sum of the functions that apply; a run through the trainer's
 wiring (tests/fake_rl.py) trains on exactly the logged reward, which is the sum of the logged components, and prints
 one line per step naming the failed function with its file and line."""
+import json
 import re
 
 import pytest
 
-from data.rows import normalize_row
+import trainer
+from data.rows import load_tokenizer, normalize_row
 from fake_rl import run_args, train
 from rewards.styles import signature
 from rewards.user import UserReward, parse
@@ -154,3 +156,24 @@ def test_trained_reward_is_the_logged_one_and_failures_are_said(world_of_one, ti
     want = [f"step {s}: rewards failed for {n} of 8 samples: flaky raised x{n}; first: trl_rewards.py:31 (flaky): "
             f"ValueError: a third fail" for s, n in enumerate(failed, 1) if n]
     assert want and [re.search(r"step \d+: .*", x).group(0) for x in lines] == want, out[-3000:]
+
+
+def test_samples_hold_the_templated_prompt_and_the_failures_over_distinct_groups(world_of_one, tiny, files, tmp_path):
+    """log_samples=3 of 2 groups: each group's first sample, then the first group's second; the prompt as the chat
+    template file rendered it; the components, the failed function with its reason and line, and the error."""
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}<user>{{ m.content }}</user>{% endfor %}<bot>")
+    run_dir = tmp_path / "run"
+    res = train(run_args(tiny, run_dir, "--log_samples=3", "--chat_template=true", f"--chat_template_file={template}",
+                         f"--reward.funcs={files}/trl_rewards.py:flaky,{files}/trl_rewards.py:reward_len"))
+    lines = [json.loads(x) for x in open(run_dir / "samples.jsonl")]
+    (u,) = res.updates
+    tok = load_tokenizer(res.cfg.model_path)
+    picked = [(0, 0), (1, 0), (0, 1)]  # (group, sample)
+    assert len(lines) == 3 and len({x["prompt"] for x in lines}) == 2
+    for (g, j), x in zip(picked, lines):
+        assert x["completion"] == trainer.model_text(tok, u.groups[g].samples[j])
+        score, info = u.groups[g].scores[j]
+        assert x["prompt"] == f"<user>{u.groups[g].row['prompt']}</user><bot>", x["prompt"]
+        assert (x["reward"], x["reason"], x["components"]) == (score, info["reason"], info["components"])
+        assert x.get("failed") == info.get("failed") and x.get("error") == info.get("error")

@@ -55,6 +55,7 @@ def test_level_1_presets_state_the_host_ram_the_check_asks_for(tmp_path):
         assert config.sleep_backup_problem(cfg, ranks, stated + 1e9) is None, preset
         problem = config.sleep_backup_problem(cfg, ranks, stated - 2e9)
         assert problem and f"{ranks} ranks x 65.5 GB" in problem and "\n" not in problem, problem
+        assert "CUDA-graph memory the sleep also copies are not counted" in problem, problem  # a lower bound
 
 
 def run_main(argv, monkeypatch, available_gb: float, cuda: bool = True) -> tuple[int, str]:

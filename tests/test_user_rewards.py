@@ -112,6 +112,18 @@ def test_a_bad_entry_is_one_line_and_exit_2(tiny, tmp_path):
     assert lines == ["config error: reward.funcs entry 'rewards/nope.py:f': no such file rewards/nope.py"], lines
 
 
+def test_a_file_that_raises_on_import_is_refused_by_the_launcher(tiny, tmp_path):
+    """The launcher imports reward.funcs' files in a reward worker of its own (never in itself) before any rank
+    starts: exit 2, one line with the file's line, no rank started (no train.log)."""
+    path = user_file(tmp_path, "import json\nCONFIG = json.loads('{')\ndef f(row, completion):\n    return 1.0\n")
+    p = subprocess.run(trainer_cmd(2, *rl_args(tiny, tmp_path / "run"), f"--reward.funcs={path}:f"),
+                       cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    assert p.returncode == 2 and len(lines) == 1, p.stderr[-2000:]
+    assert lines[0].startswith("config error: reward.funcs: mine.py:2 (import): JSONDecodeError"), lines
+    assert not (tmp_path / "run" / "train.log").exists()
+
+
 FLAKY = "def flaky(completions, **kwargs):  # TRL's shape\n    if len(completions[0]) % 3 == 0:\n" \
         "        raise ValueError('a third fail')\n    return [0.0 for _ in completions]\n"
 VERL = "def compute_score(data_source, solution_str, ground_truth, extra_info=None):  # verl's shape\n" \
