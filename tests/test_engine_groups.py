@@ -26,7 +26,7 @@ class Pool:  # scores a completion by its length; records what this rank scored
 
     def score(self, jobs):
         self.jobs += jobs
-        return [(float(len(text)), {"reason": "ok"}) for _, text in jobs]
+        return [(float(len(job[1])), {"reason": "ok"}) for job in jobs]  # job: (row, text, context)
 
 
 tok = types.SimpleNamespace(decode=lambda toks, skip_special_tokens: "x" * len(toks))
@@ -35,7 +35,7 @@ run = trainer.Run(trainer.Config(), rank, world, device, None, tok, eg=eg, pool=
 groups = [Group(p, {"id": p}, [Trajectory(p, i, [1], list(range(3 * p + i)), finish_reason="stop")
                                 for i in range(3)]) for p in range(2)]
 out["rewards"] = trainer.score_groups(run, groups, eg)[0].tolist()
-out["scored"] = [text for _, text in run.pool.jobs]
+out["scored"] = [job[1] for job in run.pool.jobs]
 out["share"] = [g.prompt_id for g in trainer.training_share(run, groups)]
 if rank == 1:  # this rank's engine produced one more token than its group's other rank
     groups[1].samples[2].tokens.append(7)
