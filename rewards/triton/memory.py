@@ -339,11 +339,11 @@ def hook_programs(programs: Programs) -> None:
         return store(self, ptrs, value, mask, *rest, **options)
 
     def atomic_rmw(self, op, ptr, value, mask, sem, scope):
-        programs.record("atomic", ptr, mask, order=(sem, scope))
+        programs.record("atomic", ptr, mask, None, (sem, scope))
         return rmw(self, op, ptr, value, mask, sem, scope)
 
     def atomic_cas(self, ptr, cmp, value, sem, scope):
-        programs.record("atomic", ptr, None, order=(sem, scope))
+        programs.record("atomic", ptr, None, None, (sem, scope))
         return cas(self, ptr, cmp, value, sem, scope)
 
     def atomically(method, at):      # atomic loads and stores go through the masked load / store above
