@@ -41,8 +41,8 @@ def row_sum_kernel(x_ptr, out_ptr, N, HALF: tl.constexpr):
     lo = tl.load(x_ptr + row * N + offs, mask=offs < N, other=0.0)
     hi = tl.load(x_ptr + row * N + HALF + offs, mask=HALF + offs < N, other=0.0)
     tl.store(out_ptr + row, tl.sum(tl.cat(lo, hi, can_reorder=True), axis=0))
-''', "x = x.contiguous()\\nM, N = x.shape\\nout = torch.empty(M, dtype=x.dtype)\\n"
-     "row_sum_kernel[(M,)](x, out, N, HALF=triton.next_power_of_2(N) // 2)\\nreturn out")
+''', "x = x.contiguous()\nM, N = x.shape\nout = torch.empty(M, dtype=x.dtype)\n"
+     "row_sum_kernel[(M,)](x, out, N, HALF=triton.next_power_of_2(N) // 2)\nreturn out")
 
 
 @needs_bwrap
