@@ -37,7 +37,7 @@ class Visibility:
     program has threads (32 x num_warps; a scalar always) is held by two threads or more: its plain load reads in
     lanes other than the storing one, and meets any store of those bytes since the barrier (`broadcast`).
 
-    Atomics (rewards/triton/gpu.py passes their `sem`): a release (or acq_rel) atomic has a bar.sync before it, an
+    Atomics (hook_programs passes their `sem`): a release (or acq_rel) atomic has a bar.sync before it, an
     acquire (or acq_rel) one a bar.sync after it; a relaxed one none. What an atomic writes without a barrier
     after it (relaxed, release) is recorded as a write of its lane (`updated`): a plain load of it in another lane
     is a race, and so is a plain store to it from another lane (either may come first); an atomic read of a byte
