@@ -9,7 +9,8 @@ program), on the shipped solutions (CPU, the interpreter). A table, then one JSO
 Each solution runs through the candidate sandbox (rewards/triton/kernel.py's _sandbox, the task's cached reference
 stdin) with copies of rewards/triton/harness.py: as shipped, without the compile, without the record and checks,
 without both (the harness itself has no switch: the copies replace rewards/triton/gpu.py's GpuCompiler /
-hook_programs); with --base, instead, the harness and gpu.py of another checkout ("before") and these
+hook_programs); with --base, instead, the harness, gpu.py, schedule.py and memory.py of another checkout
+("before", the current ones where it has none) and these
 ("after"), alternated task by task in this one process. Every copy also times, inside the sandbox, the candidate's
 run (_Candidate.run), the calls of GpuCompiler.problem (the process waiting on the compiling process) and of
 Programs.record / finish ("race": the record and every check on it), and writes them to stderr. Per task: the
@@ -74,13 +75,20 @@ NO_RACE = "\nimport triton_memory\ntriton_memory.hook_programs = lambda programs
 VARIANTS = {"shipped": "", "no_compile": NO_COMPILE, "no_race": NO_RACE, "neither": NO_COMPILE + NO_RACE}
 
 
+def _ship(paths: tuple) -> None:
+    """The sandbox ships these: harness, gpu.py, schedule.py, memory.py."""
+    (triton_kernel._HARNESS_PATH, triton_kernel._GPU_PATH, triton_kernel._SCHEDULE_PATH,
+     triton_kernel._MEMORY_PATH) = paths
+
+
 def run_once(paths: tuple, task: dict, ref: dict, parent=triton_kernel) -> tuple:
-    """(sandbox wall s, {run, compile, race} s) of one candidate run with the harness and gpu.py at paths;
-    parent: the triton_kernel module whose result format that harness writes (the base checkout's for "before")."""
-    triton_kernel._HARNESS_PATH, triton_kernel._GPU_PATH = paths
+    """(sandbox wall s, {run, compile, race} s) of one candidate run with the harness, gpu.py, schedule.py and
+    memory.py at paths; parent: the triton_kernel module whose result format that harness writes (the base
+    checkout's for "before")."""
+    _ship(paths)
     t0 = time.perf_counter()
     res, blob = triton_kernel._sandbox({"candidate.py": task["solution"]}, {"role": "candidate", "device": "cpu",
-                                       "time": False}, 120, "result.bin", stdin=ref["stdin"],
+                                       "checked": True, "time": False}, 120, "result.bin", stdin=ref["stdin"],
                                        fsize_mb=triton_kernel._result_mb(ref["cases"]))
     wall = time.perf_counter() - t0
     reason = parent._compare(ref["cases"], parent._parse_result(blob, ref["cases"]))[0]
@@ -95,7 +103,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--base", help="a checkout whose rewards/ is 'before' (e.g. git worktree add /tmp/base <commit>)")
     args = ap.parse_args()
-    shipped = triton_kernel._HARNESS_PATH, triton_kernel._GPU_PATH
+    shipped = (triton_kernel._HARNESS_PATH, triton_kernel._GPU_PATH, triton_kernel._SCHEDULE_PATH,
+               triton_kernel._MEMORY_PATH)
     tasks = {t["name"]: t for t in load_tasks()}
     names = args.tasks or list(tasks)
     parents = {}
@@ -106,15 +115,17 @@ def main() -> None:
         spec = importlib.util.spec_from_file_location("base_triton_kernel", os.path.join(base, prefix + "kernel.py"))
         parents["before"] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(parents["before"])
-        sources = {"before": (os.path.join(base, prefix + "harness.py"), "", os.path.join(base, prefix + "gpu.py")),
-                   "after": (shipped[0], "", shipped[1])}
+        own = [os.path.join(base, prefix + f) for f in ("schedule.py", "memory.py")]   # where the base has them
+        sources = {"before": (os.path.join(base, prefix + "harness.py"), "", os.path.join(base, prefix + "gpu.py"),
+                              *(o if os.path.exists(o) else s for o, s in zip(own, shipped[2:]))),
+                   "after": (shipped[0], "", *shipped[1:])}
     else:
-        sources = {variant: (shipped[0], change, shipped[1]) for variant, change in VARIANTS.items()}
+        sources = {variant: (shipped[0], change, *shipped[1:]) for variant, change in VARIANTS.items()}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         paths = {}
-        for variant, (harness, change, gpu) in sources.items():
-            paths[variant] = os.path.join(tmp, f"harness_{variant}.py"), gpu
+        for variant, (harness, change, *others) in sources.items():
+            paths[variant] = os.path.join(tmp, f"harness_{variant}.py"), *others
             with open(harness) as f, open(paths[variant][0], "w") as out:
                 out.write(f.read() + change + TIMED)
         print(f"{'task':22s} " + " ".join(f"{v + ' wall/run/race':>26s}" for v in sources) + f" {'compile':>8s}")
@@ -135,7 +146,7 @@ def main() -> None:
             print(f"{name:22s} " + " ".join(f"{row[v + '_wall_s']:9.2f}/{row[v + '_run_s']:<6.2f}/"
                                             f"{row[v + '_race_s']:<9.4f}" for v in sources) +
                   f" {row[next(iter(sources)) + '_compile_s']:8.2f}", flush=True)
-    triton_kernel._HARNESS_PATH, triton_kernel._GPU_PATH = shipped
+    _ship(shipped)
     figures = {key: {"median": statistics.median(r[key] for r in rows), "max": max(r[key] for r in rows)}
                for key in rows[0] if key != "task"}
     if args.base:

@@ -27,8 +27,13 @@ for and nowhere else. Each call sends the arguments as JSON of plain values and 
 (or a handle to an object that is not plain data, which equals only itself), and list / dict / set arguments are
 updated in place with their state after the call. The tester decides the verdict and writes it; the candidate can
 neither read the test (the expected values stay in the tester), nor reach the tester's memory, builtins, exec or
-exit code: it can only answer calls. An exception the candidate raises (StopIteration included) fails that test
-(CandidateRaised, which neither the test's `except` nor an iterator protocol can catch). A candidate that defines a
+exit code: it can only answer calls. An exception the candidate raises fails that test, unless the test expects
+it: a call that is a whole statement (or an assignment's value) of a `try` body raises into the test as the builtin exception
+class the candidate's derives from (StopIteration and StopAsyncIteration never), so `try: f(-1)` / `except
+ValueError:` passes an honest raise; anywhere else (inside an assert, map(f, xs), an iterator protocol) the test
+stops with runtime_error. The tester's own failures while it waits (the candidate's process gone, the deadline, a
+reply too large or malformed) stop the test too: `Stop`, a BaseException, with the verdict set before unwinding,
+so no `except` of the test's, bare or not, turns them into a pass. A candidate that defines a
 builtin name the test uses fails that test (the test would otherwise call whichever one it liked); one whose entry
 point is named like a standard-library module the test uses fails too (the test gets the module). As in plain
 Python, a test's list argument holds what the call left in it: `assert f(xs) == sorted(xs)` sorts what f left in xs
@@ -176,8 +181,8 @@ while True:
                        "kw_after": {k: enc(v, handle) for k, v in kwargs.items()}})
             continue
         chan.send({"ok": enc(out, handle)})
-    except BaseException as e:
-        chan.send({"raise": type(e).__name__})
+    except BaseException as e:       # the nearest builtin class: a test's `except ValueError` expects a subclass too
+        chan.send({"raise": next(c.__name__ for c in type(e).__mro__ if c.__module__ == "builtins")})
 '''
 
 # The tester's process: trusted code and the test source; writes verdict.json. The candidate can only answer.
@@ -193,26 +198,74 @@ DEADLINE = time.monotonic() + float(os.environ["RL_TEST_S"])
 chan = Channel(int(os.environ["RL_RESP_FD"]), int(os.environ["RL_REQ_FD"]))
 
 
-class Gone(Exception):
-    pass
+class Stop(BaseException):
+    """The tester's own failure while it waits on the candidate (its process gone, the deadline, a reply too large
+    or malformed), or an exception the candidate raised where the test does not expect one: the verdict is set
+    (VERDICT, the first one wins) before unwinding, and no `except` of the test's, bare or not, changes it."""
 
 
-class CandidateRaised(BaseException):
-    """The candidate's code raised: that test fails. A BaseException, so no `except` of the test's and no
-    StopIteration protocol (all(map(f, xs)) ending early) turns it into control flow."""
+VERDICT = []
 
 
-def ask(msg):
+def stop(reason):
+    if not VERDICT:
+        VERDICT.append(reason)
+    raise Stop(reason)
+
+
+# an exception of the candidate's that a test may expect (`try: f(-1)` / `except ValueError:`): builtin Exception
+# classes, but the iteration protocol's own (StopIteration would end all(map(f, xs)) early)
+EXPECTABLE = {n: c for n, c in vars(builtins).items() if isinstance(c, type) and issubclass(c, Exception) and
+              not issubclass(c, (StopIteration, StopAsyncIteration))}
+
+
+def ask(msg, expect=False):
+    """The candidate's reply to msg. Its exception: raised here as the builtin class it derives from where the test
+    expects a raise (`expect`: a call that is a whole statement of a try body, _Expect), else a Stop."""
     try:
         chan.send(msg)
         reply = chan.recv(DEADLINE)
-    except (EOFError, BrokenPipeError):
-        raise Gone from None
+    except TimeoutError:
+        stop("timeout")
+    except (EOFError, OSError):
+        stop("early_exit")
+    except (ValueError, RecursionError, MemoryError):        # too large, not JSON
+        stop("runtime_error")
     if type(reply) is not dict:
-        raise ValueError("malformed reply")
+        stop("runtime_error")
     if "raise" in reply:
-        raise CandidateRaised(str(reply["raise"])[:100])
+        if expect and reply["raise"] in EXPECTABLE:
+            raise EXPECTABLE[reply["raise"]]("raised by the candidate")
+        stop("runtime_error")
     return reply
+
+
+def parsed(fn):
+    """fn() decodes a reply: a malformed one is the candidate's failure, never an exception the test sees."""
+    try:
+        return fn()
+    except (ValueError, TypeError, KeyError, RecursionError, MemoryError):
+        stop("runtime_error")
+
+
+class _Expect(ast.NodeTransformer):
+    """A call that is a whole statement (or an assignment's value) in a try body expects a raise: f(a, b) becomes
+    _rl_expect_raise(f, a, b), so its arguments are evaluated as before and only that call may raise into the test."""
+
+    def visit_Try(self, node):
+        self.generic_visit(node)
+        for stmt in node.body:
+            if isinstance(stmt, (ast.Expr, ast.Assign)) and isinstance(stmt.value, ast.Call):
+                call = stmt.value
+                expect = ast.Name("_rl_expect_raise", ast.Load())
+                stmt.value = ast.copy_location(ast.Call(expect, [call.func, *call.args], call.keywords), call)
+        return node
+
+    visit_TryStar = visit_Try
+
+
+def expect(fn, *args, **kwargs):
+    return fn(*args, _expect=True, **kwargs) if type(fn) is Remote else fn(*args, **kwargs)
 
 
 class Remote:
@@ -223,28 +276,33 @@ class Remote:
         object.__setattr__(self, "_h", h)
 
     def __getattr__(self, name):
-        return dec(ask({"op": "attr", "h": self._h, "name": name})["ok"], Remote)
+        reply = ask({"op": "attr", "h": self._h, "name": name})
+        return parsed(lambda: dec(reply["ok"], Remote))
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args, _expect=False, **kwargs):
         reply = ask({"op": "call", "h": self._h, "args": [enc(a, remote_id) for a in args],
-                     "kwargs": {k: enc(v, remote_id) for k, v in kwargs.items()}})
-        after, kw_after = reply["after"], reply["kw_after"]
-        if type(after) is not list or len(after) != len(args) or type(kw_after) is not dict:
-            raise ValueError("malformed reply")
-        for a, new in zip(args, after):
-            mirror(a, new)
-        for k, v in kwargs.items():
-            mirror(v, kw_after.get(k))
-        return dec(reply["ok"], Remote)
+                     "kwargs": {k: enc(v, remote_id) for k, v in kwargs.items()}}, _expect)
+
+        def result():
+            after, kw_after = reply["after"], reply["kw_after"]
+            if type(after) is not list or len(after) != len(args) or type(kw_after) is not dict:
+                raise ValueError("malformed reply")
+            for a, new in zip(args, after):
+                mirror(a, new)
+            for k, v in kwargs.items():
+                mirror(v, kw_after.get(k))
+            return dec(reply["ok"], Remote)
+        return parsed(result)
 
     def __iter__(self):
-        return dec(ask({"op": "iter", "h": self._h})["ok"], Remote)
+        reply = ask({"op": "iter", "h": self._h})
+        return parsed(lambda: dec(reply["ok"], Remote))
 
     def __next__(self):
         reply = ask({"op": "next", "h": self._h})
         if "stop" in reply:
             raise StopIteration
-        return dec(reply["ok"], Remote)
+        return parsed(lambda: dec(reply["ok"], Remote))
 
     def __bool__(self):
         raise TypeError("an object of the candidate's has no truth value here")
@@ -305,8 +363,9 @@ def verdict():
             continue
         if hasattr(builtins, name):
             return "shadowed_builtin"
-        ns[name] = dec(reply["ok"], Remote)
-    exec(compile(tree, "test.py", "exec"), ns)
+        ns[name] = parsed(lambda: dec(reply["ok"], Remote))
+    ns["_rl_expect_raise"] = expect
+    exec(compile(ast.fix_missing_locations(_Expect().visit(tree)), "test.py", "exec"), ns)
     return "ok"
 
 
@@ -314,14 +373,13 @@ try:
     result = verdict()
 except AssertionError:
     result = "wrong_answer"
-except CandidateRaised:
+except Stop:
     result = "runtime_error"
-except Gone:
-    result = "early_exit"
-except TimeoutError:
+except TimeoutError:         # waiting for the candidate's module to load
     result = "timeout"
 except Exception:
     result = "runtime_error"
+result = VERDICT[0] if VERDICT else result       # set before unwinding: what the test did after it changes nothing
 with open("verdict.json", "w") as f:
     json.dump(result, f)
 '''

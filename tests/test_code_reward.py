@@ -262,3 +262,39 @@ def test_no_isolation_fails_closed(monkeypatch):
     monkeypatch.setenv(OPT_OUT_ENV, "1")          # the operator accepted the risk: rlimits only
     score, info = code_reward(fenced("def add(a, b):\n    return a + b"), ADD_ASSERTS)
     assert (score, info["reason"]) == (1.0, "ok"), info
+
+
+# ---- issue 52 (round 6): the tester's own errors are out of the test's reach, and a raise the test expects passes.
+# Each attack scored 1.0 on e2de9f9, and the honest raise 0.0 (runtime_error).
+EXPECTS_VALUE_ERROR = ["try:\n    check(-1)\nexcept ValueError:\n    pass\nelse:\n    assert False",
+                       "try:\n    out = check(-2)\n    assert False\nexcept ValueError:\n    pass",
+                       "assert check(3) == 3"]
+EXPECTS_ANY_ERROR = ["try:\n    check(-1)\nexcept Exception:\n    pass\nelse:\n    assert False",
+                     "assert check(3) == 3"]
+OVERSIZED_REPLY = "def check(n):\n    return 'x' * (1 << 25) if n < 0 else n"      # the tester's 16 MiB limit
+LEAVES = "import os\ndef check(n):\n    if n < 0:\n        os._exit(0)\n    return n"
+HONEST_RAISE = "def check(n):\n    if n < 0:\n        raise ValueError(n)\n    return n"
+HONEST_OWN_CLASS = "class Negative(ValueError):\n    pass\ndef check(n):\n    if n < 0:\n        raise Negative(n)\n" \
+    "    return n"
+
+
+@pytest.mark.parametrize("code, tests, reasons, honest", [
+    (OVERSIZED_REPLY, EXPECTS_VALUE_ERROR, ["runtime_error", "runtime_error", "ok"], HONEST_RAISE),
+    (LEAVES, EXPECTS_ANY_ERROR, ["early_exit", "ok"], HONEST_OWN_CLASS),
+], ids=["message_too_large_caught_by_the_test", "candidate_gone_caught_by_the_test"])
+def test_tester_errors_are_out_of_reach_and_expected_raises_pass(code, tests, reasons, honest):
+    score, info = code_reward(fenced(code), tests)
+    assert info["per_test"] == reasons, info
+    score, info = code_reward(fenced(honest), tests)
+    assert (score, info["reason"]) == (1.0, "ok"), info
+
+
+def test_a_raise_the_test_does_not_expect_fails_whatever_it_catches():
+    """Only a call that is a whole statement of a try body may raise into the test: inside an assert, even a bare
+    `except:` does not turn the candidate's exception into a pass; a deadline is the test's end too."""
+    tests = ["try:\n    assert check(-1) == 0\nexcept:\n    pass", "try:\n    check(-1)\nexcept OSError:\n    pass"]
+    score, info = code_reward(fenced(HONEST_RAISE), tests)
+    assert info["per_test"] == ["runtime_error", "runtime_error"], info
+    sleeper = "import time\ndef check(n):\n    time.sleep(30)"
+    score, info = code_reward(fenced(sleeper), ["try:\n    check(-1)\nexcept Exception:\n    pass"], timeout_s=2)
+    assert info["per_test"] == ["timeout"], info

@@ -293,6 +293,7 @@ def relu_kernel(x_ptr, out_ptr, count_ptr, n, BLOCK: tl.constexpr):
     y = tl.maximum(tl.load(out_ptr + offs, mask=mask), 0.0)
     tl.store(out_ptr + offs, y, mask=mask)
     tl.store(count_ptr + tl.program_id(0), tl.sum(tl.where(mask, 1, 0), axis=0))
+    tl.debug_barrier()
     total = tl.load(count_ptr + tl.program_id(0))
     tl.atomic_add(count_ptr + tl.num_programs(0), total)
     tl.store(out_ptr + offs, tl.load(out_ptr + offs, mask=mask) + 0.0 * total, mask=mask)
@@ -303,7 +304,9 @@ def relu_kernel(x_ptr, out_ptr, count_ptr, n, BLOCK: tl.constexpr):
 @needs_bwrap
 def test_reading_back_in_the_same_lanes_needs_no_barrier():
     """Honest patterns the visibility rule keeps: a store then a load of the same offsets in the same block shape,
-    a reduction stored as a scalar and loaded back as a scalar, atomics after plain stores."""
+    a reduction stored as a scalar and loaded back as a scalar after tl.debug_barrier (thread 0 stores it, every
+    thread loads it: without the barrier a race, tests/triton_corpus/round6_memory.py), atomics after plain
+    stores."""
     assert lint(SAME_LANES) == (None, "")
     score, info = triton_reward(SAME_LANES, TASKS["relu"], timeout_s=60)
     assert (score, info["reason"]) == (1.0, "ok"), info
@@ -341,7 +344,7 @@ def test_visibility_rule_lanes_barriers_and_programs():
     assert access(v, "load", 3, tile) == (3, 100, "load")                       # another block shape
     v = Visibility()
     access(v, "store", 5, [100])
-    assert access(v, "load", 5, [100]) is None                                  # a scalar read back
+    assert access(v, "load", 5, [100]) is None                                  # the storing lane reads it back
     v = Visibility()
     access(v, "store", 6, [100, 100, 104, 104], values=[1.0, 1.0, 2.0, 2.0])    # lanes agree on each byte
     access(v, "store", 6, block, values=[7.0, 2.0, 0.0, 0.0])
@@ -355,6 +358,59 @@ def test_visibility_rule_lanes_barriers_and_programs():
     access(v, "store", 8, [100, 104, 104, 108], [True, True, True, False], values=[1.0, 2.0, 3.0, 9.0])
     v.barrier(8)
     assert v.clash == (8, 104, "store")                                         # within one store; 108 masked out
+
+
+def test_visibility_scalars_small_blocks_and_relaxed_atomics():
+    """Round 6 (issue 52): a plain load of fewer elements than the program has threads is made by several threads
+    per element (keys None), so it meets any store since the barrier, the storing lane's included; an atomic write
+    with no barrier after it is a write of its lane: a plain load of it elsewhere, or a plain store to it from
+    another lane, is a race; atomics among themselves are not; an atomic read meets only plain stores."""
+    from types import SimpleNamespace as Handle
+    import numpy as np
+    from rewards.triton.memory import Visibility, _bytes
+
+    def handle(addresses):
+        return Handle(data=np.array(addresses, np.uint64), get_element_ty=lambda: Handle(primitive_bitwidth=32))
+
+    def store(v, program, addresses, atomic=False):
+        ptrs = handle(addresses)
+        value = Handle(data=np.zeros(ptrs.data.shape, np.float32))
+        if atomic:
+            v.update(program, _bytes(ptrs, None), v.lanes(ptrs, None)[0])
+        else:
+            v.store(program, _bytes(ptrs, None), *v.lanes(ptrs, None, value))
+
+    def load(v, program, addresses, atomic=False):
+        ptrs = handle(addresses)
+        v.load(program, _bytes(ptrs, None), v.lanes(ptrs, None, broadcast=not atomic)[0], atomic)
+        return v.clash
+
+    block = [100, 104, 108, 112]
+    v = Visibility(threads=4)
+    store(v, 0, [100])
+    assert load(v, 0, [100], atomic=True) is None                     # thread 0 reads its own scalar atomically
+    assert load(v, 0, [100]) == (0, 100, "load")                      # every thread loads a scalar
+    v = Visibility(threads=4)
+    store(v, 1, block)
+    assert load(v, 1, block) is None                                  # 4 elements, 4 threads: one each
+    v = Visibility(threads=8)
+    store(v, 2, block)
+    assert load(v, 2, block) == (2, 100, "load")                      # 4 elements, 8 threads: replicated
+    v = Visibility(threads=4)
+    store(v, 3, block, atomic=True)
+    assert load(v, 3, block) is None and load(v, 3, block[::-1]) == (3, 112, "load")
+    v = Visibility(threads=4)
+    store(v, 4, block, atomic=True)
+    store(v, 4, block[::-1], atomic=True)                              # atomics of two lanes: coherent
+    v.barrier(4)
+    assert v.clash is None
+    store(v, 4, block)
+    store(v, 4, block[::-1], atomic=True)                              # a plain store and another lane's atomic
+    v.barrier(4)
+    assert v.clash == (4, 100, "update")
+    v = Visibility(threads=4)
+    store(v, 5, block, atomic=True)
+    assert load(v, 5, block[::-1], atomic=True) is None                # an atomic read meets only plain stores
 
 
 def test_the_semantics_global_is_reserved():

@@ -535,11 +535,12 @@ def test_linter_exact_paths():
     functools and __future__ are not importable, typing only for a few names in annotations (issue 29: they
     evaluate strings)."""
     ok = ["tl.math.exp", "tl.extra.libdevice.tanh", "triton.next_power_of_2(x.numel())", "math.sqrt(2.0)",
-          "torch.cuda.is_available()", "tl.float32"]
+          "tl.float32"]
     bad = {"triton.knobs.os": "lint_import", "triton.runtime.driver": "lint_import", "math.floor.mro": "lint_import",
            "torch.nn.functional.torch.relu": "lint_torch_op", "torch.cuda.os": "lint_torch_op",
            "torch.Tensor.numpy": "lint_torch_op", "T = torch": "lint_torch_op", "print(tl)": "lint_import",
-           "tl.math.exp(x)": "lint_launch", "typing.get_type_hints": "lint_import", "typing.Optional": "lint_import"}
+           "tl.math.exp(x)": "lint_launch", "typing.get_type_hints": "lint_import", "typing.Optional": "lint_import",
+           "torch.cuda.is_available()": "lint_device"}      # issue 52: a device query (language L9)
     prelude = "import math\nimport typing\n"
     for expr in ok:
         assert lint(relu_candidate(f"y = {expr}\n" + LAUNCH, prelude)) == (None, ""), expr

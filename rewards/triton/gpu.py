@@ -518,6 +518,7 @@ class Interpreted:
         hook_schedule(self.programs, self.schedule)
         hook_autotune(self)
         hook_numerics()
+        hook_reorder()
         hook_semantics()
 
 
@@ -537,3 +538,27 @@ def hook_numerics() -> None:
         return dot(self, a, b, d, input_precision, *rest)
     B.create_dot = create_dot
 
+
+
+def hook_reorder() -> None:
+    """Elements in an order a GPU may produce: `tl.cat` (`can_reorder=True`; Triton's cat op "always may reorder
+    elements": sm_90 concatenates each thread's registers, so the result's order follows the layout) and
+    `tl.reshape(..., can_reorder=True)` / `tl.view` leave the order of the result unspecified, where the
+    interpreter keeps it. Their result comes out in a random order (a permutation drawn at every call, from
+    os.urandom), so only uses that do not depend on it (reductions, a sum of the whole) give the same answer."""
+    from triton.runtime.interpreter import InterpreterBuilder as B, TensorHandle
+    rng = np.random.default_rng(int.from_bytes(os.urandom(8), "little"))
+    cat, reshape = B.create_cat, B.create_reshape
+
+    def shuffled(handle):
+        data = handle.data.ravel()
+        return TensorHandle(data[rng.permutation(data.size)].reshape(handle.data.shape), handle.dtype.scalar)
+
+    def create_cat(self, lhs, rhs):
+        return shuffled(cat(self, lhs, rhs))
+
+    def create_reshape(self, arg, shape, allow_reorder):
+        out = reshape(self, arg, shape, allow_reorder)
+        return shuffled(out) if allow_reorder else out
+
+    B.create_cat, B.create_reshape = create_cat, create_reshape

@@ -28,9 +28,10 @@ checks it.
 Reason codes, in the order they are checked:
   no_code; lint_size, lint_encoding, syntax_error, lint_try_except, lint_monkeypatch, lint_forbidden_call,
   lint_import, lint_name, lint_string, lint_source, lint_launch, lint_no_model, lint_no_kernel,
-  lint_kernel_not_launched, lint_torch_op (static, or at run time: detail starts "runtime"; a launch the harness
-  refused is lint_launch "runtime: launch ..."), gpu_compile (at run time: a launch's kernel does not compile for
-  sm_90 with that launch's types and constexprs, or its grid is over CUDA's limits), out_of_bounds (at run time:
+  lint_kernel_not_launched, lint_device (code that asks which device it runs on), lint_torch_op (static, or at
+  run time: detail starts "runtime"; a launch the harness refused is lint_launch "runtime: launch ..."),
+  gpu_compile (at run time: a launch's kernel does not compile for sm_90 with that launch's types and
+  constexprs, or its grid is over CUDA's limits), out_of_bounds (at run time:
   a load, store or atomic outside the storage of every tensor argument of its launch), race (at run time: one
   program of a launch stores, or updates atomically, what another accesses without an atomic; for both, what a
   tool may show names the kernel and the argument only), deadlock (at run time: under some schedule every program

@@ -56,6 +56,11 @@ The accepted language (an allowlist: what is not described here is refused; reas
      submodule; nowhere a tensor -> numpy / Python bridge, torch.compile, C++ extensions, torch.ops / load /
      nn.functional [lint_torch_op]; a kernel body reads no module global but tl.constexpr(...) ones and kernels
      [lint_forbidden_call].
+  L9 devices [lint_device]: a device is a value the code passes on, never one it inspects: `x.device`,
+     `torch.device(...)` and `torch.cuda.current_device()` only as the value of a `device=` keyword, an argument
+     of `.to(...)`, `torch.device(...)` or `torch.cuda.device(...)` (itself only a `with` item), or assigned to a
+     name whose every load is one of those; no device query (`.is_cuda`, `.is_cpu`, `.get_device()`, ...:
+     _DEVICE_QUERIES, `torch.cuda.is_available`). Rules lint_torch.py (_TorchRules).
 
 Why accepted code reaches no exec, frame, numpy or host compute (check rule by rule):
   exec / eval / import: none is a builtin in _BUILTINS (L3), none is an allowed API name and no allowed name
@@ -80,6 +85,12 @@ Why accepted code reaches no exec, frame, numpy or host compute (check rule by r
      Triton's rewrite calls (L3). The text that runs is the text linted (L1, L7), and Triton's injected
      globals are never read: every name loaded is bound by the file, and no kernel launches while the module
      imports (L3).
+  one path: the reward runs a candidate on one device (the checked run on CPU, issue 52), so code that branched
+     on the device (`if x.is_cuda:`) could keep a path the reward never runs, there to do what the checks refuse
+     (a racy or partial launch, a torch fallback on a GPU node). Refusing the queries (L9) rather than running
+     every branch: a device value can reach a condition only through a query, a comparison, an attribute
+     (`.type`, `.index`) or a call of the file's, and each of those is outside L9's places; running both branches
+     would need a second device the sandbox does not have, or a fake one that a query could tell apart.
   the audit: it lives in the harness's frames and in modules no allowed name reaches, so accepted code cannot
      switch it off; the run-time checks are defence in depth for what no static rule sees (the types of launch
      arguments). `execute` alone runs code without this rule (the sandbox and the parent's validation hold).
@@ -169,7 +180,10 @@ apply_ map_ map2_ renorm dist cdist histc bincount unique nan_to_num item
 _BRIDGE_METHODS = frozenset("numpy tolist untyped_storage storage _typed_storage".split())
 _LINT_ORDER = ("lint_size", "lint_encoding", "lint_try_except", "lint_monkeypatch", "lint_forbidden_call",
                "lint_import", "lint_name", "lint_string", "lint_source", "lint_launch", "lint_no_model",
-               "lint_no_kernel", "lint_kernel_not_launched", "lint_torch_op")
+               "lint_no_kernel", "lint_kernel_not_launched", "lint_device", "lint_torch_op")
+# tensor attributes that ask which device a tensor is on (L9: refused; .device itself may only be passed on)
+_DEVICE_QUERIES = frozenset("is_cuda is_cpu is_mps is_xpu is_meta is_ipu is_hpu is_mtia is_xla is_vulkan "
+                            "is_privateuseone get_device is_pinned".split())
 _MAIN_GUARD = ast.dump(ast.parse('__name__ == "__main__"', mode="eval").body)
 
 

@@ -8,15 +8,16 @@ import symtable
 import tokenize
 from collections import Counter
 
-from rewards.triton.language import (_ALLOWED_DUNDERS, _ALLOWED_MODULES, _BRIDGE_METHODS, _BUILTINS, _CODE_MAX,
-                                     _COMPUTE_METHODS, _CONFIG_KEYWORDS, _FRAME_ATTRS, _KERNEL_DECORATORS,
-                                     _LINT_ORDER, _MAIN_GUARD, _SIZE_METHODS, _SIZE_OPS, _STRING_MAX, _TYPING,
+from rewards.triton.language import (_ALLOWED_DUNDERS, _ALLOWED_MODULES, _BUILTINS, _CODE_MAX,
+                                     _CONFIG_KEYWORDS, _FRAME_ATTRS, _KERNEL_DECORATORS,
+                                     _LINT_ORDER, _MAIN_GUARD, _SIZE_METHODS, _SIZE_OPS, _STRING_MAX,
                                      _TooLarge, _allowed_paths, _assigned, _at_import, _docstrings,
                                      _encoding_problem, _in_literal, _in_statement, _index, _kernel_attrs, _root,
                                      _same_function, _triton_reads, _triton_sources, _undecorated)
+from rewards.triton.lint_torch import _TorchRules
 
 
-class _Linter(ast.NodeVisitor):
+class _Linter(_TorchRules, ast.NodeVisitor):
     """Collects (reason, detail) problems of one module; `lint` reports the first in _LINT_ORDER."""
 
     def __init__(self, code: str, tree: ast.Module):
@@ -59,6 +60,7 @@ class _Linter(ast.NodeVisitor):
         self._kernel_sources(code)
         self._launches()
         self._structure()
+        self._devices()
 
     def flag(self, reason: str, node, what: str) -> None:
         self.problems.append((reason, f"line {node.lineno}: {what}" if hasattr(node, "lineno") else what))
@@ -567,78 +569,6 @@ class _Linter(ast.NodeVisitor):
                     node.id not in local:
                 self.flag("lint_forbidden_call", node, f"kernel {kernel.name} reads global {node.id} (only "
                           "tl.constexpr globals and other kernels compile on a GPU)")
-
-    def _launched(self, funcs, classes, kernels) -> set:
-        """Names of the kernels launched (kernel[grid](...)) in the methods of ModelNew and everything they
-        reach by name (calls, callbacks, self.method; SomeClass.apply or SomeClass(...) pull in all of
-        SomeClass), each function walked once."""
-        todo, seen, pulled, launched = [("ModelNew", m) for m in classes["ModelNew"]], set(), {"ModelNew"}, set()
-        while todo:
-            cls, name = todo.pop()
-            if (cls, name) in seen:
-                continue
-            seen.add((cls, name))
-            for node in self.below(classes[cls][name] if cls else funcs[name]):
-                if isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript) and \
-                        isinstance(node.func.value, ast.Name) and node.func.value.id in kernels:
-                    launched.add(node.func.value.id)
-                elif isinstance(node, ast.Name) and node.id in funcs and node.id not in kernels:
-                    todo.append((None, node.id))
-                elif isinstance(node, ast.Name) and node.id in classes and node.id not in pulled:
-                    pulled.add(node.id)
-                    todo.extend((node.id, m) for m in classes[node.id])
-                elif cls and isinstance(node, ast.Attribute) and self.dotted(node) == f"self.{node.attr}" \
-                        and node.attr in classes[cls]:
-                    todo.append((cls, node.attr))
-        return launched
-
-    def _submodules(self, init) -> set:
-        """Names X of `self.X = nn.Something(...)` in ModelNew.__init__ (torch modules, except Parameter)."""
-        found = set()
-        for node in self.below(init) if init else ():
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
-                target = self.resolve(node.value.func) or ""
-                if target.startswith("torch.nn.") and target != "torch.nn.Parameter":
-                    found |= {t.attr for t in node.targets if self.dotted(t) == f"self.{getattr(t, 'attr', '')}"}
-        return found
-
-    def _torch_ops(self, node, submodules: set, strict: bool) -> None:
-        """Flag, at one node: an imported name outside the exact allow-list (strict: everywhere but
-        ModelNew.__init__ and kernel bodies, where only allocation / dtype / device names of torch are allowed;
-        a module used as a value is never allowed); tensor -> numpy / Python bridges; and in strict code `@`,
-        compute methods (called or only loaded) and calls of torch submodules (self.linear(x))."""
-        if isinstance(node, (ast.Attribute, ast.Name)) and isinstance(node.ctx, ast.Load):
-            self._check_path(node, strict)
-        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) and self.resolve(node.value) is None:
-            if node.attr in _BRIDGE_METHODS:
-                self.flag("lint_torch_op", node, f"tensor method .{node.attr} (numpy / Python compute)")
-            elif strict and (node.attr in _COMPUTE_METHODS or node.attr.rstrip("_") in _COMPUTE_METHODS) and \
-                    self.dotted(node) not in submodules:          # self.linear.weight is a parameter, not a call
-                self.flag("lint_torch_op", node, f"tensor method .{node.attr}")
-        if not strict:
-            return
-        if isinstance(node, (ast.BinOp, ast.AugAssign)) and isinstance(node.op, ast.MatMult):
-            self.flag("lint_torch_op", node, "@ (matmul) on tensors")
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            func, receiver = node.func, node.func.value
-            if self.dotted(receiver) in submodules or self.dotted(func) in submodules:
-                self.flag("lint_torch_op", node, f"calls torch module {ast.unparse(func)}")
-
-    def _check_path(self, node, strict: bool) -> None:
-        """An imported name's full path (tl.load -> triton.language.load) must be an allowed exact name; a part
-        of a longer chain may also be a prefix of one (torch.cuda in torch.cuda.is_available)."""
-        path = self.resolve(node)
-        if path is None:
-            return
-        parent = self.parents.get(node)
-        exact, prefixes = _allowed_paths(strict)
-        inner = isinstance(parent, ast.Attribute) and parent.value is node
-        if (path in _TYPING or path == "typing" and inner) and id(node) not in self.annotations:
-            self.flag("lint_import", node, f"uses {path} outside an annotation")
-        elif path in exact or inner and (path in prefixes or path in _ALLOWED_MODULES):
-            return
-        what = f"uses {path}" + ("" if inner or "." in path and path not in _ALLOWED_MODULES else " as a value")
-        self.flag("lint_torch_op" if path.split(".")[0] == "torch" else "lint_import", node, what)
 
 
 
