@@ -20,7 +20,7 @@ from rewards.sandbox import bwrap_problem, running_sandboxes
 from rewards.triton import kernel
 from rewards.triton.kernel import execute, triton_reward
 from tasks import NOT_SCORED
-from triton_corpus import attacks, gpu_rules, honest, round6, round6_launch, schedules
+from triton_corpus import attacks, gpu_rules, honest, round6, schedules
 
 TASKS = {t["name"]: t for t in load_tasks()}
 needs_bwrap = pytest.mark.skipif(bwrap_problem() is not None, reason=f"{bwrap_problem()}")
@@ -39,7 +39,7 @@ def _corpora() -> list:
     from test_triton_reward import ADVERSARIAL
     out = [(c[0], c[1], c[2], c[3], "reward") for c in ADVERSARIAL]
     out += [(a.id, a.task, a.code, a.reason, a.mode) for a in attacks.ATTACKS + gpu_rules.ATTACKS]
-    for cid, task, attack, reason, twin in schedules.CASES + round6.CASES + round6_launch.CASES:
+    for cid, task, attack, reason, twin in schedules.CASES + round6.CASES:
         out += [(cid, task, attack, reason, "reward"), (cid + "/honest", task, twin, "ok", "reward")]
     out += [(h[0], h[1], h[2], "ok", "reward") for h in honest.HONEST + gpu_rules.HONEST + schedules.HONEST]
     return out
