@@ -75,12 +75,14 @@ VARIANTS = {"shipped": "", "no_compile": NO_COMPILE, "no_race": NO_RACE, "neithe
 
 
 def run_once(paths: tuple, task: dict, ref: dict, parent=triton_kernel) -> tuple:
-    """(sandbox wall s, {run, compile, race} s) of one candidate run with the harness and gpu.py at paths;
-    parent: the triton_kernel module whose result format that harness writes (the base checkout's for "before")."""
-    triton_kernel._HARNESS_PATH, triton_kernel._GPU_PATH = paths
+    """(sandbox wall s, {run, compile, race} s) of one candidate run (the checked run) with the harness, gpu.py,
+    schedule.py and memory.py at paths; parent: the triton_kernel module whose result format that harness writes (the
+    base checkout's for "before")."""
+    (triton_kernel._HARNESS_PATH, triton_kernel._GPU_PATH, triton_kernel._SCHEDULE_PATH,
+     triton_kernel._MEMORY_PATH) = paths
     t0 = time.perf_counter()
     res, blob = triton_kernel._sandbox({"candidate.py": task["solution"]}, {"role": "candidate", "device": "cpu",
-                                       "time": False}, 120, "result.bin", stdin=ref["stdin"],
+                                       "checked": True, "time": False}, 120, "result.bin", stdin=ref["stdin"],
                                        fsize_mb=triton_kernel._result_mb(ref["cases"]))
     wall = time.perf_counter() - t0
     reason = parent._compare(ref["cases"], parent._parse_result(blob, ref["cases"]))[0]
@@ -95,7 +97,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--base", help="a checkout whose rewards/ is 'before' (e.g. git worktree add /tmp/base <commit>)")
     args = ap.parse_args()
-    shipped = triton_kernel._HARNESS_PATH, triton_kernel._GPU_PATH
+    shipped = (triton_kernel._HARNESS_PATH, triton_kernel._GPU_PATH, triton_kernel._SCHEDULE_PATH,
+               triton_kernel._MEMORY_PATH)
     tasks = {t["name"]: t for t in load_tasks()}
     names = args.tasks or list(tasks)
     parents = {}
@@ -106,15 +109,18 @@ def main() -> None:
         spec = importlib.util.spec_from_file_location("base_triton_kernel", os.path.join(base, prefix + "kernel.py"))
         parents["before"] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(parents["before"])
-        sources = {"before": (os.path.join(base, prefix + "harness.py"), "", os.path.join(base, prefix + "gpu.py")),
-                   "after": (shipped[0], "", shipped[1])}
+        memory = os.path.join(base, "memory.py")      # since 4d21886; before it the record lived in gpu.py
+        sources = {"before": (os.path.join(base, prefix + "harness.py"), "", os.path.join(base, prefix + "gpu.py"),
+                              os.path.join(base, prefix + "schedule.py"),
+                              memory if os.path.exists(memory) else shipped[3]),
+                   "after": (shipped[0], "", *shipped[1:])}
     else:
-        sources = {variant: (shipped[0], change, shipped[1]) for variant, change in VARIANTS.items()}
+        sources = {variant: (shipped[0], change, *shipped[1:]) for variant, change in VARIANTS.items()}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         paths = {}
-        for variant, (harness, change, gpu) in sources.items():
-            paths[variant] = os.path.join(tmp, f"harness_{variant}.py"), gpu
+        for variant, (harness, change, *modules) in sources.items():
+            paths[variant] = os.path.join(tmp, f"harness_{variant}.py"), *modules
             with open(harness) as f, open(paths[variant][0], "w") as out:
                 out.write(f.read() + change + TIMED)
         print(f"{'task':22s} " + " ".join(f"{v + ' wall/run/race':>26s}" for v in sources) + f" {'compile':>8s}")
@@ -135,7 +141,8 @@ def main() -> None:
             print(f"{name:22s} " + " ".join(f"{row[v + '_wall_s']:9.2f}/{row[v + '_run_s']:<6.2f}/"
                                             f"{row[v + '_race_s']:<9.4f}" for v in sources) +
                   f" {row[next(iter(sources)) + '_compile_s']:8.2f}", flush=True)
-    triton_kernel._HARNESS_PATH, triton_kernel._GPU_PATH = shipped
+    (triton_kernel._HARNESS_PATH, triton_kernel._GPU_PATH, triton_kernel._SCHEDULE_PATH,
+     triton_kernel._MEMORY_PATH) = shipped
     figures = {key: {"median": statistics.median(r[key] for r in rows), "max": max(r[key] for r in rows)}
                for key in rows[0] if key != "task"}
     if args.base:
