@@ -17,9 +17,9 @@ from data.triton_tasks import load_tasks
 from rewards.sandbox import bwrap_problem
 from rewards.triton.gpu import MAX_RUNS, autotune_choice, autotune_runs
 from rewards.triton.kernel import PUBLIC, _compare, _parse_result, lint, triton_reward
-from rewards.triton.schedule import _RESIDENT
+from rewards.triton.schedule import _RESIDENT, Deadlock
 from test_triton_schedules import _launch
-from triton_corpus.round6_launch import CASES, LEAKS
+from triton_corpus.round6_launch import CASES, LEAKS, TWO_SIZES_OF_NINE
 
 TASKS = {t["name"]: t for t in load_tasks()}
 QUICK = {"seventeen_inside"}
@@ -72,6 +72,15 @@ def test_every_config_tunes_and_only_chooses_and_every_pair_meets(sizes):
         assert {(row[t], row[u]) for row in alone} == set(itertools.product(range(sizes[t]), range(sizes[u])))
 
 
+@needs_bwrap
+@pytest.mark.slow
+def test_a_forward_whose_tunings_need_more_runs_than_the_cap_is_refused():
+    """Honest work refused: one autotuner of 9 configs tuned for two sizes is two tunings, 9 + 81 runs."""
+    assert lint(TWO_SIZES_OF_NINE) == (None, "")
+    score, info = triton_reward(TWO_SIZES_OF_NINE, TASKS["relu"], timeout_s=120)
+    assert (score, info["reason"]) == (0.0, "lint_launch") and "need 90 runs" in info["public"], info
+
+
 def test_the_runs_an_autotuned_forward_needs_past_the_cap():
     assert autotune_runs([9]) == 18 > 16             # e2de9f9's cap: the ninth config never chosen
     assert autotune_runs([8, 8]) == MAX_RUNS and autotune_runs([36]) == MAX_RUNS
@@ -94,6 +103,12 @@ def test_run_2_lets_a_spin_wait_end_and_finds_a_deadlock():
         memory.atomic(8 * p, lambda v: 1)
         memory.log.append(p)
     assert _launch(6, 2, relay)[1].log == list(range(6))
+
+    def waits_on_the_next(memory, p):
+        while memory.atomic(8 * (p + 1)) == 0:
+            pass
+    with pytest.raises(Deadlock, match="3 programs wait"):
+        _launch(3, 2, waits_on_the_next)
 
 
 def _blob(meta: dict, tensors: dict) -> bytes:

@@ -7,10 +7,11 @@ What a GPU would do differently, checked on CPU at every interpreted launch (the
 Python, one program after another): the kernel must compile for sm_90 with the launch's argument types,
 constexprs and options, down to ptxas, and fit sm_90's shared memory (GpuCompiler; violation "gpu_compile: ...",
 the kernel does not run), and its grid CUDA's limits; its programs overlap, switching at atomics, under the
-grid's order, its reverse and random schedules, one per run of the case (triton_schedule.Schedule; violation
-"deadlock: ..." when they all wait forever), and one that stores (or updates atomically) a byte another program
-accesses without an atomic is a violation "race: ..." (triton_memory.Programs); the autotuner benchmarks every config
-(hook_autotune). All live in Triton's own classes, patched here before the candidate's text runs; the accepted
+grid's order, its reverse, all resident at once and random schedules, one per run of the case
+(triton_schedule.Schedule; violation "deadlock: ..." when they all wait forever), and one that stores (or updates
+atomically) a byte another program accesses without an atomic is a violation "race: ..." (triton_memory.Programs);
+the autotuner benchmarks every config, skipping those out of sm_90's resources, and the runs of a case take every
+config of every tuning and every pair of two tunings' configs (hook_autotune, autotune_choice). All live in Triton's own classes, patched here before the candidate's text runs; the accepted
 language names neither these classes nor their modules.
 """
 
@@ -489,11 +490,12 @@ class Interpreted:
         self.skipped.append(skipped)
         self.fitting.append([i for i in range(chooser["configs"]) if i not in skipped] or [0])
         need = autotune_runs([len(f) for f in self.fitting])
-        if need > MAX_RUNS and not self.refused:
+        if need <= MAX_RUNS:
+            self.want_runs(need)
+        elif not self.refused:        # refused: no run more
             self.refused.append(f"launch: autotune: {len(self.fitting)} tunings with {[len(f) for f in self.fitting]} "
                                 f"configs that fit need {need} runs to check each config and each pair, more than "
                                 f"{MAX_RUNS}")
-        self.want_runs(need)
 
     def launch_problem(self, kernel, args: tuple, kwargs: dict) -> str | None:
         """Why sm_90 refuses this launch (GpuCompiler.problem), else None; while tuning, a problem that Triton's

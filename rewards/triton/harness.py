@@ -35,7 +35,7 @@ refuses (a violation "launch: ...", and the kernel does not run) pre-run hooks a
 tensor, a scalar (int, float, bool, str, None), a Triton dtype or constexpr, or a tuple of those, and tensors
 for tl.constexpr parameters: so no torch object reaches a kernel body. Grid and heuristics callables run in a
 host window where any aten op or bridge is a violation. On CPU the autotuner launches every config while it
-benchmarks, and the runs of a case take each config in turn (triton_gpu.hook_autotune). On CUDA the timed calls
+benchmarks, and the runs of a case take every config of every tuning (triton_gpu.hook_autotune). On CUDA the timed calls
 (3 warm-up + 20) run under the same audit and launch count as the checked call. On CUDA Triton's allocator is
 torch's (tl.make_tensor_descriptor needs global scratch at launch; the accepted language cannot set one).
 At every checked launch the GPU's own semantics are put back: rewards/triton/gpu.py. Every torch.empty* of the

@@ -196,7 +196,8 @@ PUBLIC = {"race": "runtime: race (a byte one program or lane stores is accessed 
           "deadlock": "runtime: deadlock (under some schedule every program still running waits in an atomic that "
                       "no program will change)",
           "input_mutated": "forward changed an input tensor"}
-_MAX_HEADER = 1 << 18          # bytes of safetensors header: a few dozen tensor entries and meta (<= 80 KB)
+_MAX_HEADER = 1 << 18          # bytes of safetensors header besides the tensor entries: meta (<= 80 KB)
+_ENTRY_BYTES = 256             # bytes of one tensor's header entry at most (name, dtype, 8 dims, offsets: < 200)
 _MAX_OUTPUTS = 64              # outputs per case the header may list (the reference's count is checked later)
 _MIN_RESULT_MB = 16            # files the candidate writes: its result, and Triton's cache on CUDA
 _ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
@@ -216,9 +217,16 @@ def _int_list(value, n: int, name: str, top: int = 1 << 31) -> list:
 def _result_mb(cases: list) -> int:
     """MiB the candidate may write: the result file of tensors shaped as the reference's, each case run up to
     _MAX_RUNS times, with its header."""
-    size = _MAX_HEADER + _MAX_RUNS * sum(t.numel() * t.element_size() for c in cases
-                                         for t in [*c["outputs"], *c["inputs"]] if _is_tensor(t))
+    size = _max_header(cases) + _MAX_RUNS * sum(t.numel() * t.element_size() for c in cases
+                                                for t in [*c["outputs"], *c["inputs"]] if _is_tensor(t))
     return max(_MIN_RESULT_MB, -(-size // (1 << 20)) + 1)
+
+
+def _max_header(cases: list) -> int:
+    """Bytes of safetensors header a result may have: meta, and an entry per tensor of every run of every case
+    (outputs as many as the reference's, the tensor inputs after the call)."""
+    return _MAX_HEADER + _ENTRY_BYTES * _MAX_RUNS * sum(len(c["outputs"]) + sum(map(_is_tensor, c["inputs"]))
+                                                        for c in cases)
 
 
 def _check_layout(header: dict, names: set, data_size: int) -> None:
@@ -253,7 +261,7 @@ def _parse_result(blob: bytes, cases: list) -> dict:
     most a few times its own (capped) size here. Nothing is unpickled and nothing is str()-ed."""
     from safetensors.torch import load as load_tensors
     size = int.from_bytes(blob[:8], "little") if len(blob) >= 8 else -1
-    if not 0 < size <= min(_MAX_HEADER, len(blob) - 8):
+    if not 0 < size <= min(_max_header(cases), len(blob) - 8):
         raise Malformed("no safetensors header")
     try:
         header = json.loads(blob[8:8 + size])

@@ -11,8 +11,9 @@ public message (what triton_refine shows the model) carried values computed from
   tuners_choose_apart         total_sum by two autotuned kernels, BLOCK 64 or 128 each: the second reads as many
                               partial sums as its own BLOCK makes, right only when both chose alike (every run gave
                               every autotuner the same config index) / the second sums every partial the smallest
-                              BLOCK could make, zeros beyond (reset_to_zero: none left by the benchmark) (rule: each autotuner chooses on its own, and the runs
-                              that only choose cover every pair of configs of any two autotuners)
+                              BLOCK could make, zeros beyond (reset_to_zero: none left by the benchmark either)
+                              (rule: each tuning chooses on its own, and the runs that only choose meet every pair of
+                              configs of any two tunings)
   seventeen_inside            a relu over 50 programs that counts the programs inside with atomic_add and stores x
                               unchanged when 16 were inside before it: programs were admitted one at a time, so never
                               more than a few were inside / the same count, relu in every case (rule: run 2 of a case
@@ -80,7 +81,8 @@ TUNERS_CHOOSE_APART = model(_PARTIALS.replace("COUNT", "tl.cdiv(n, BLOCK)").repl
                             _PARTIALS_LAUNCH.replace("ALLOC", "empty"))
 # every partial the smallest BLOCK makes, zeros past the ones written (also past the benchmark's: reset_to_zero):
 # right for any pair of choices
-TUNERS_ANY_PAIR = model(_PARTIALS.replace("COUNT", "tl.cdiv(n, 64)").replace("RESET", ', reset_to_zero=["partial_ptr"]'),
+TUNERS_ANY_PAIR = model(_PARTIALS.replace("COUNT", "tl.cdiv(n, 64)").replace("RESET",
+                                                                             ', reset_to_zero=["partial_ptr"]'),
                         _PARTIALS_LAUNCH.replace("ALLOC", "zeros"))
 
 # ---- class 3: programs resident at once ----
@@ -167,3 +169,12 @@ LEAKS = [
     ("races_by_sign", "total_sum", RACES_BY_SIGN, "race"),
     ("runs_by_sign", "relu", RUNS_BY_SIGN, "wrong_output"),
 ]
+
+# past the cap: the nine-config relu (all working) tuned for two sizes, a third of x and the rest, is two tunings of
+# 9 configs each, 9 + 81 runs to meet every pair: a refused launch (lint_launch), as is any forward past
+# triton_gpu.MAX_RUNS (honest work refused)
+TWO_SIZES_OF_NINE = model(_NINE.replace("NINTH", "1"), "shape = x.shape\nx = x.contiguous().view(-1)\n"
+                          "out = torch.empty_like(x)\nthird = x.numel() // 3\n"
+                          "relu_kernel[lambda meta: (triton.cdiv(third, meta[\"BLOCK\"]),)](x, out, third)\n"
+                          "relu_kernel[lambda meta: (triton.cdiv(x.numel() - third, meta[\"BLOCK\"]),)](x[third:], "
+                          "out[third:], x.numel() - third)\nreturn out.view(shape)")
