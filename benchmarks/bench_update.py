@@ -17,7 +17,8 @@ figures are medians.
 ours: each --set (KEY=VALUE[,KEY=VALUE...], trainer config keys) is one variant, built, timed and freed in turn;
 fwd_bwd = the update less optimizer_step (clip + AdamW), timed by wrapping trainer.optimizer_step. plain: the model
 without FSDP or hooks (attn sdpa), one (b, L) batch of equal-length rows per token_budget, fp32 and with CPU bf16
-autocast (torch.autocast("cpu")), torch AdamW (foreach), the trainer's lr and clip. floor: for each linear of the
+autocast (torch.autocast("cpu")), torch AdamW (fused: the fastest of torch's three on CPU), the trainer's lr and
+clip. floor: for each linear of the
 model (every decoder layer's q, k, v, o, gate, up, down and the lm_head) the three GEMMs of its forward and backward
 at N = the step's laid-out tokens (X W^T, dY W, dY^T X), timed in fp32 and in bf16 (bf16 in and out); plus AdamW's
 28 bytes per parameter (read param, grad, m, v; write param, m, v in fp32) at the bandwidth of a large fp32
@@ -25,6 +26,7 @@ a.add_(b) (3 x 4 bytes per element moved). Attention's score matmuls, norms and 
 the floor is a bound, not a model of the step.
 """
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -34,6 +36,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -42,8 +45,10 @@ import torch  # noqa: E402
 
 import config  # noqa: E402
 import launch  # noqa: E402
+import model  # noqa: E402
 import trainer  # noqa: E402
 from bench_kernels import print_table  # noqa: E402
+from kernels import fused_linear  # noqa: E402
 from bench_step import SIZES, PlainStep, arch_config, device_name, random_model, random_policy, versions  # noqa: E402
 from host_memory import PeakRSS  # noqa: E402
 from model import Row, init_distributed  # noqa: E402
@@ -76,11 +81,21 @@ def ours(args, qcfg, rows, device, overrides: list[str]) -> dict:
     """trainer.policy_update on a fresh policy built with the overrides; -> median seconds and peak RSS."""
     cfg = trainer.Config(n_samples=args.n_samples, batch_groups=args.groups, lr=1e-6, save_every=0,
                          max_prompt_len=args.prompt_len, max_response_len=args.response_len)
+    patches = contextlib.ExitStack()
     for kv in overrides:  # config.py's parsing of one --key=value (no model folder to validate against)
-        config._apply(cfg, *kv.split("=", 1), from_cli=True)
+        k, v = kv.split("=", 1)
+        if k == "patch":
+            patches.enter_context(PATCHES[v]())
+        else:
+            config._apply(cfg, k, v, from_cli=True)
+    with patches:
+        return timed_updates(args, qcfg, rows, device, cfg)
+
+
+def timed_updates(args, qcfg, rows, device, cfg) -> dict:
     peak = PeakRSS()
     run = trainer.Run(cfg, 0, 1, device, Path(tempfile.gettempdir()), tok=None,
-                      policy=random_policy(qcfg, device, args.size))
+                      policy=random_policy(qcfg, device, args.size, cfg.precision))
     run.optim, run.sched = trainer.make_optimizer(cfg, run.policy, args.warmup + args.steps + 1)
     optimizer_step, steps = trainer.optimizer_step, []
 
@@ -108,12 +123,35 @@ def ours(args, qcfg, rows, device, overrides: list[str]) -> dict:
     return out
 
 
+def adamw_foreach():
+    """make_optimizer's AdamW as before (foreach, not fused)."""
+    real = torch.optim.AdamW
+    return mock.patch("torch.optim.AdamW", lambda *a, **kw: real(*a, **{**kw, "fused": None, "foreach": True}))
+
+
+def chunk_logits(n: int):
+    return lambda: mock.patch.object(fused_linear, "_CHUNK_LOGITS", n)
+
+
+def reshard_after_forward(value: bool):
+    """model.build_model's fully_shard with reshard_after_forward forced."""
+    real = model.fully_shard
+    return lambda: mock.patch.object(model, "fully_shard", lambda m, **kw: real(m, **{
+        **kw, "reshard_after_forward": value}))
+
+
+# --set patch=NAME: the changes of docs/speed.md's "The update at the 0.5B shape" undone (or alternatives), one by one
+PATCHES = {"adamw_foreach": adamw_foreach, "chunk_55": chunk_logits(1 << 23), "chunk_220": chunk_logits(1 << 25),
+           "chunk_441": chunk_logits(1 << 26), "chunk_883": chunk_logits(1 << 27),
+           "reshard": reshard_after_forward(True), "no_reshard": reshard_after_forward(False)}
+
+
 def plain(args, qcfg, rows, device, autocast: bool) -> dict:
     """PlainStep's model, loss and AdamW on one batch per token_budget of the equal-length rows."""
     peak = PeakRSS()
     cfg = trainer.Config(lr=1e-6)
     step = PlainStep(random_model(qcfg, device, torch.float32, "sdpa"), cfg, device)
-    step.optim = torch.optim.AdamW(step.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=True)
+    step.optim = torch.optim.AdamW(step.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
     n_tokens, steps = sum(len(r.response) for r in rows), []
     batches = step.exact_batches(rows)
     for _ in range(args.warmup + args.steps):
