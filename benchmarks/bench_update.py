@@ -237,8 +237,10 @@ def main() -> int:
     variants = [[kv for kv in s.split(",") if kv] for s in (args.set or [""])]
     for way in args.ways:
         if way == "ours":
-            for v in variants:
-                res["ours" + "".join(f" {kv}" for kv in v)] = ours(args, qcfg, rows, device, v)
+            for v in variants:  # a variant given twice (alternated runs) is reported twice: "... (2)"
+                name = "ours" + "".join(f" {kv}" for kv in v)
+                name += f" ({sum(k.split(' (')[0] == name for k in res) + 1})" if name in res else ""
+                res[name] = ours(args, qcfg, rows, device, v)
         elif way.startswith("plain"):
             res[way] = plain(args, qcfg, rows, device, autocast=way == "plain_bf16")
         else:
