@@ -1,5 +1,5 @@
-"""The update at a real shape, three ways back to back in one process: ours (trainer.policy_update: the FSDP2 policy
-of model.build_model on a world of one, the packed forward, the fused lm_head loss, clip and AdamW), plain
+"""The update at a real shape, three ways back to back in one process: ours (trainer.policy_update: the policy
+model.build_model gives a world of one, the packed forward, the fused lm_head loss, clip and AdamW), plain
 transformers on the same rows (forward with logits, log_softmax, PPO-clip loss, backward, clip, torch AdamW), and
 the floor of this machine (the GEMMs of the model's own shapes at the step's token count, timed one by one, plus
 AdamW's bytes at a measured memory bandwidth). A table, then one JSON line last.
@@ -27,6 +27,7 @@ the floor is a bound, not a model of the step.
 """
 import argparse
 import contextlib
+import functools
 import gc
 import json
 import os
@@ -140,8 +141,13 @@ def reshard_after_forward(value: bool):
         **kw, "reshard_after_forward": value}))
 
 
+def fsdp():
+    """model.build_model's FSDP2 wrapping on a CPU world of one, as before (shard=True)."""
+    return mock.patch.object(model, "build_model", functools.partial(model.build_model, shard=True))
+
+
 # --set patch=NAME: the changes of docs/speed.md's "The update at the 0.5B shape" undone (or alternatives), one by one
-PATCHES = {"adamw_foreach": adamw_foreach, "chunk_55": chunk_logits(1 << 23), "chunk_220": chunk_logits(1 << 25),
+PATCHES = {"adamw_foreach": adamw_foreach, "fsdp": fsdp, "chunk_55": chunk_logits(1 << 23), "chunk_220": chunk_logits(1 << 25),
            "chunk_441": chunk_logits(1 << 26), "chunk_883": chunk_logits(1 << 27),
            "reshard": reshard_after_forward(True), "no_reshard": reshard_after_forward(False)}
 
