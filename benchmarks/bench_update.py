@@ -141,13 +141,15 @@ def reshard_after_forward(value: bool):
         **kw, "reshard_after_forward": value}))
 
 
-def fsdp():
-    """model.build_model's FSDP2 wrapping on a CPU world of one, as before (shard=True)."""
-    return mock.patch.object(model, "build_model", functools.partial(model.build_model, shard=True))
+def build_with(**kw):
+    """model.build_model with keyword arguments forced: shard=True (FSDP2 on a CPU world of one, as before),
+    checkpoint=True (activation checkpointing, off on CPU)."""
+    return lambda: mock.patch.object(model, "build_model", functools.partial(model.build_model, **kw))
 
 
 # --set patch=NAME: the changes of docs/speed.md's "The update at the 0.5B shape" undone (or alternatives), one by one
-PATCHES = {"adamw_foreach": adamw_foreach, "fsdp": fsdp, "chunk_55": chunk_logits(1 << 23), "chunk_220": chunk_logits(1 << 25),
+PATCHES = {"adamw_foreach": adamw_foreach, "fsdp": build_with(shard=True), "checkpoint": build_with(checkpoint=True),
+           "chunk_55": chunk_logits(1 << 23), "chunk_220": chunk_logits(1 << 25),
            "chunk_441": chunk_logits(1 << 26), "chunk_883": chunk_logits(1 << 27),
            "reshard": reshard_after_forward(True), "no_reshard": reshard_after_forward(False)}
 
