@@ -162,8 +162,9 @@ class Config:
     # every pass and mini-batch of a step take its lr) and once per SFT optimizer step
     grad_clip: float = 1.0  # max global grad norm
     precision: Literal["auto", "bf16", "fp32"] = "auto"  # the update's compute dtype, and the engine's and weight
-    # push's: bf16 = fp32 weights and AdamW state, bf16 forward/backward (FSDP2 mixed precision), grads reduced in fp32;
-    # auto: bf16 on CUDA and on CPUs with bf16 instructions for hidden size >= 512, else fp32 (docs/speed.md)
+    # push's: bf16 = fp32 weights, grads and AdamW state, bf16 forward/backward (FSDP2 mixed precision; CPU autocast
+    # in one CPU process); auto: bf16 on CUDA and on CPUs with bf16 instructions for hidden size >= 512, else fp32
+    # (docs/speed.md)
     token_budget: int = 8192  # micro-batch size in real tokens (rows packed, no padding; a shared prompt counts once)
     mini_batches: int = 1  # optimizer steps per pass over an RL batch (1 = on-policy up to partial rollout); split
     # evenly, at most the rows a rank trains per step (batch_groups / ranks x n_samples)
