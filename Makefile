@@ -5,7 +5,8 @@ DEMO    := runs/demo
 # make demo NPROC=1
 NPROC   ?= $(shell n=$$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); [ "$$n" = 1 ] && echo 1 || echo 2)
 
-.PHONY: install sandbox demo demo-tools test test-slow test-all mutants bench bench-step real-shape gpu-wheels clean
+.PHONY: install sandbox demo demo-tools test test-slow test-all mutants bench bench-step bench-vs-trl real-shape gpu-wheels \
+	clean
 
 install: .venv/.installed sandbox
 
@@ -87,6 +88,21 @@ real-shape: install
 # The demo job's RL step by phase vs a plain step (builds a small demo job under runs/bench_step without runs/demo).
 bench-step: install
 	$(PY) benchmarks/bench_step.py
+
+# Ours against TRL's GRPOTrainer on the identical job, one process each, on the CPU (docs/speed.md's table: the demo
+# job synchronous and with CoPRIS, the 0.5B shape with responses of 32 and 256 tokens; about 30 min). TRL runs in a
+# venv of its own, never in the project's requirements, with the project's torch, transformers and accelerate pins.
+TRL_PINS := trl==1.16.0 torch==2.13.0 transformers==5.19.0 accelerate==1.15.0
+.venv-trl/.installed:
+	test -x .venv-trl/bin/python || python3 -m venv .venv-trl
+	.venv-trl/bin/python -m pip install -q $(TRL_PINS)
+	touch $@
+
+bench-vs-trl: install .venv-trl/.installed
+	$(PY) benchmarks/vs_trl.py --shape demo
+	$(PY) benchmarks/vs_trl.py --shape demo --copris --sides ours
+	$(PY) benchmarks/vs_trl.py --shape 0.5b --response_len 32 --steps 3
+	$(PY) benchmarks/vs_trl.py --shape 0.5b --response_len 256 --steps 2
 
 # Wheels for the lent GPU machine (benchmarks/gpu_check.sh installs those its image lacks; it has no registry):
 # Python 3.12, x86-64. The pinned packages the project imports that such an image may lack, math-verify's and

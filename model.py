@@ -153,14 +153,21 @@ def check_lockstep(seqs, eg: EngineGroup) -> None:
 class Head(torch.nn.Module):
     """The lm_head with a hook: while `fn` is set, forward(h) returns fn(h (1, N, H) -> (N, H), weight (V, H))
     instead of logits. It runs inside FSDP2's root forward, where the weight is unsharded and its gradient is
-    reduced as usual; the parameter keeps its name (lm_head.weight) and its tie to the embeddings."""
+    reduced as usual (or an unsharded model's forward: build_model's shard); the parameter keeps its name
+    (lm_head.weight) and its tie to the embeddings."""
 
     def __init__(self, lm_head: torch.nn.Linear):
         super().__init__()
         self.weight, self.bias, self.fn = lm_head.weight, lm_head.bias, None
 
     def forward(self, h):
-        return F.linear(h, self.weight, self.bias) if self.fn is None else self.fn(h[0], self.weight)
+        if self.fn is None:
+            return F.linear(h, self.weight, self.bias)
+        w, kind = self.weight, h.device.type
+        if torch.is_autocast_enabled(kind):  # an unsharded model's bf16 compute (build_model): fn gets h and the
+            h, w = h.to(torch.get_autocast_dtype(kind)), w.to(torch.get_autocast_dtype(kind))  # weight in it and runs
+        with torch.autocast(kind, enabled=False):  # its own GEMMs (out= and dtype-exact: not autocast's to pick)
+            return self.fn(h[0], w)
 
 
 @functools.cache
@@ -229,10 +236,31 @@ def check_same_parameters(model, path: str) -> None:
                               f"to) on rank 0 vs rank {r}: {diff})")
 
 
-def build_model(path: str, device, trainable: bool, lora=None, checkpoint: bool | None = None):
+def compute_dtype(precision: str, device, hidden_size: int) -> torch.dtype:
+    """The forward and backward's dtype for config key precision (parameters and AdamW state stay fp32): bf16 or fp32
+    as named; auto: bf16 on CUDA, and on a CPU with bf16 instructions (oneDNN's check: AVX512_BF16 or AMX) for models
+    of hidden size >= AUTO_BF16_HIDDEN; else fp32 (docs/speed.md, "The update at the 0.5B shape", has the
+    measurements behind the rule)."""
+    if precision != "auto":
+        return {"bf16": torch.bfloat16, "fp32": torch.float32}[precision]
+    if device.type == "cuda":
+        return torch.bfloat16
+    fast = torch.ops.mkldnn._is_mkldnn_bf16_supported() and hidden_size >= AUTO_BF16_HIDDEN
+    return torch.bfloat16 if fast else torch.float32
+
+
+AUTO_BF16_HIDDEN = 512  # CPU: below this hidden size the bf16 casts cost more than the GEMMs save (docs/speed.md)
+
+
+def build_model(path: str, device, trainable: bool, lora=None, checkpoint: bool | None = None,
+                precision: str = "auto", shard: bool | None = None):
     """AutoModelForCausalLM from a local folder, lm_head -> Head, fully_shard on every decoder layer and the root.
-    fp32 parameters; on CUDA the forward runs in bf16 (MixedPrecisionPolicy), grads reduce in fp32. Attention is
+    fp32 parameters; the forward and backward run in compute_dtype(precision) (auto: bf16 on CUDA), through FSDP2's
+    MixedPrecisionPolicy: bf16 copies of the gathered weights, grads reduced in fp32. Attention is
     packed (kernels/packed_attention.py, attention_for).
+    shard (default: unless a CPU world of one): False returns the module as loaded, no FSDP2: on one CPU process its
+    gathers and reduce-scatters are only copies, 58% of a 0.5B-shape update's time (docs/speed.md); bf16 compute is
+    then CPU autocast in packed_forward (fp32 weights and gradients, each weight cast once per forward).
     Memory: only rank 0 reads the weights, into host memory; every rank shards an empty copy (fully_shard moves each
     module's shards to the device) and receives its shards from rank 0 (set_model_state_dict, broadcast_from_rank0):
     no rank ever holds more than its shards on the device, and host memory holds one full copy, on rank 0.
@@ -257,8 +285,12 @@ def build_model(path: str, device, trainable: bool, lora=None, checkpoint: bool 
         model.train()  # HF checkpoints decoder layers in train mode only (dropout is off above)
     if lora is not None and lora.rank > 0:
         model = add_lora(model, lora)
+    compute = compute_dtype(precision, device, model.config.hidden_size)
+    if not (shard if shard is not None else device.type == "cuda" or dist.get_world_size() > 1):
+        model.autocast_dtype = None if compute == torch.float32 else compute  # packed_forward reads it
+        return model
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if device.type == "cuda" \
+    mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32) if compute != torch.float32 \
         else MixedPrecisionPolicy()
     full = model.state_dict() if dist.get_rank() == 0 else {}  # host tensors: what every rank's shards come from
     buffers = {n: b.clone() for n, b in model.named_buffers()}  # real on every rank; to_empty would drop them
@@ -278,9 +310,12 @@ def make_optimizer(cfg, model, total_steps: int, lr: float | None = None):
     auto: constant for RL, cosine for SFT): linear warmup over warmup_steps, then with
     f = (step - warmup_steps) / (total_steps - 1 - warmup_steps) (0 at the first step after warm-up, 1 at the last)
     the peak times constant 1, linear 1 - 0.9 f, or cosine 0.1 + 0.9 (1 + cos(pi f)) / 2 (the last step: 10%)."""
-    optim = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr or cfg.lr,
-                              weight_decay=cfg.weight_decay, betas=(0.9, 0.999),
-                              foreach=True)  # CPU's default is a per-tensor loop: 14 ms against 7 (demo model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    # CPU: the fused kernel, one pass over each tensor (at Qwen2.5-0.5B's shape clip + AdamW took 2.9 s against 7.3
+    # for foreach, whose temporaries are the size of the parameters: docs/speed.md; torch's CPU default, a
+    # per-tensor loop, took 14 ms against foreach's 7 on the demo model); CUDA: foreach
+    impl = {"fused": True} if params and params[0].device.type == "cpu" else {"foreach": True}
+    optim = torch.optim.AdamW(params, lr=lr or cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.999), **impl)
     kind = {"auto": "cosine" if cfg.mode == "sft" else "constant"}.get(cfg.lr_schedule, cfg.lr_schedule)
 
     def lr_at(step: int) -> float:
@@ -545,10 +580,12 @@ def packed_forward(model, rows: list[Row], device, fn):
         layout.append((P, [len(rows[i].response) for i in members]))
     head = model.get_output_embeddings()
     head.fn = fn
+    dtype = getattr(model, "autocast_dtype", None)  # an unsharded model's bf16 compute (build_model)
     try:
-        return model(input_ids=torch.tensor([ids], device=device), position_ids=torch.tensor([pos], device=device),
-                     logits_to_keep=torch.tensor([k for ks in keep for k in ks], device=device),
-                     **packed_kwargs(layout, device, varlen=attention_for(device) != PACKED)).logits
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            return model(input_ids=torch.tensor([ids], device=device), position_ids=torch.tensor([pos], device=device),
+                         logits_to_keep=torch.tensor([k for ks in keep for k in ks], device=device),
+                         **packed_kwargs(layout, device, varlen=attention_for(device) != PACKED)).logits
     finally:
         head.fn = None
         if not torch.is_grad_enabled() and hasattr(model, "reshard"):  # FSDP2 keeps the root's parameters (embedding,

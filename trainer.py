@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from transformers import AutoConfig
 
 import config
 import launch
@@ -46,8 +47,8 @@ from data.rows import (PromptSource, check_chat_template, load_rows, load_tokeni
                        tokenize_sft)
 from kernels import fused_linear_ppo_loss
 from kernels.ppo_loss import token_weights
-from model import (DUMMY, EngineGroup, Row, adapter_disabled, all_gather_list, all_max, all_sum,
-                   build_model, check_lockstep, clip_grad_norm, engine_group, export_hf, init_distributed,
+from model import (DUMMY, EngineGroup, Row, adapter_disabled, all_gather_list, all_max, all_sum, build_model,
+                   check_lockstep, clip_grad_norm, compute_dtype, engine_group, export_hf, init_distributed,
                    make_optimizer, mean_nll, micro_batches, packed_forward, push_adapter, push_full, response_logprobs,
                    rng_state, set_rng_state, shared_map, split_rows, sum_over_ranks, targets_of, trainable_state)
 from rewards.advantages import Overlong, accuracy_filter, grpo_advantages, rloo_advantages
@@ -161,6 +162,10 @@ class Config:
     # 10% of lr at the last step; auto = constant (RL), cosine (SFT). It advances once per RL step (verl's unit:
     # every pass and mini-batch of a step take its lr) and once per SFT optimizer step
     grad_clip: float = 1.0  # max global grad norm
+    precision: Literal["auto", "bf16", "fp32"] = "auto"  # the update's compute dtype, and the engine's and weight
+    # push's: bf16 = fp32 weights, grads and AdamW state, bf16 forward/backward (FSDP2 mixed precision; CPU autocast
+    # in one CPU process); auto: bf16 on CUDA and on CPUs with bf16 instructions for hidden size >= 512, else fp32
+    # (docs/speed.md)
     token_budget: int = 8192  # micro-batch size in real tokens (rows packed, no padding; a shared prompt counts once)
     mini_batches: int = 1  # optimizer steps per pass over an RL batch (1 = on-policy up to partial rollout); split
     # evenly, at most the rows a rank trains per step (batch_groups / ranks x n_samples)
@@ -257,11 +262,12 @@ class Run:
     engine_version: int = 0  # policy version the engine's weights hold
     counters: dict = field(default_factory=dict)  # run totals (reward timeouts, skipped updates...)
     sinks: list = field(default_factory=list)  # rank 0: extra metric sinks (tensorboard, wandb): f(metrics)
+    compute: torch.dtype = torch.float32  # precision's dtype (model.compute_dtype): the update's, engine's and push's
 
     # fields state_dict() leaves out on purpose: rebuilt from the config, or derived (tests check the list)
     STATELESS = ("cfg", "rank", "world", "device", "run_dir", "tok", "ref", "engine", "eg", "pool", "episodes",
                  "eval_rows", "keep_group", "push", "fill_old", "correct", "overlong", "fresh", "agg", "sft_data",
-                 "engine_version", "sinks")
+                 "engine_version", "sinks", "compute")
 
     def __post_init__(self):
         """Strategies that follow from the config alone."""
@@ -380,8 +386,7 @@ def push_weights_if_stale(run: Run) -> int:
     """Wake the engine and push the policy into it if stale (run.push: every weight or the LoRA adapter): its version
     is older, or a level-2 sleep discarded its weights (after eval, a skipped update or a resume alike); -> bytes."""
     stale = run.engine_version != run.policy_version or not run.engine.holds_weights
-    dtype = torch.bfloat16 if run.device.type == "cuda" else None
-    pushed = run.push(run.policy, run.engine, dtype) if stale else 0
+    pushed = run.push(run.policy, run.engine, None if run.compute == torch.float32 else run.compute) if stale else 0
     run.engine_version = run.policy_version
     run.engine.wake()
     return pushed
@@ -821,9 +826,10 @@ def setup(cfg: Config, trainable: bool = True) -> tuple[Run, Path | None]:
     report.setup_logging(Path(cfg.run_dir), rank)
     tok = load_tokenizer(cfg.model_path, cfg.chat_template_file)
     run = Run(cfg, rank, world, device, Path(cfg.run_dir), tok, eg=engine_group(cfg.engine.tensor_parallel_size, cfg.dist_timeout_s),
-              sinks=report.metric_sinks(cfg, Path(cfg.run_dir)) if rank == 0 else [])
+              sinks=report.metric_sinks(cfg, Path(cfg.run_dir)) if rank == 0 else [],
+              compute=compute_dtype(cfg.precision, device, AutoConfig.from_pretrained(cfg.model_path).hidden_size))
     if trainable:
-        run.policy = build_model(cfg.model_path, device, trainable=True, lora=cfg.lora)
+        run.policy = build_model(cfg.model_path, device, trainable=True, lora=cfg.lora, precision=cfg.precision)
         run.optim, run.sched = make_optimizer(cfg, run.policy, cfg.steps)
     return run, ckpt
 
@@ -840,7 +846,7 @@ def start_engine(run: Run):
             stale.unlink(missing_ok=True)
     dist.barrier()
     spec = VllmConfig(cfg.model_path, cfg.max_prompt_len + cfg.max_response_len, seed=cfg.seed,
-                      dtype="bfloat16" if run.device.type == "cuda" else "float32", top_k=cfg.top_k, min_p=cfg.min_p,
+                      dtype=str(run.compute).removeprefix("torch."), top_k=cfg.top_k, min_p=cfg.min_p,
                       gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
                       max_num_seqs=cfg.engine.max_num_seqs, enforce_eager=cfg.engine.enforce_eager,
                       lora_rank=cfg.lora.rank, tensor_parallel_size=cfg.engine.tensor_parallel_size)
@@ -955,7 +961,8 @@ def train_rl(cfg: Config) -> None:
     config.check_one_batch(cfg, len(rows), "usable prompts")  # batch_groups >= the engine groups: each draws one
     run.prompts = PromptSource(rows, cfg.seed, run.eg.index, run.eg.count)
     if cfg.kl_coef > 0 or (cfg.prime.enabled and cfg.prime.ref == "frozen"):
-        run.ref = run.policy if cfg.lora.rank else build_model(cfg.model_path, run.device, trainable=False)
+        run.ref = run.policy if cfg.lora.rank else build_model(cfg.model_path, run.device, trainable=False,
+                                                                 precision=cfg.precision)
     every_rank = functools.partial(sum_over_ranks, device=run.device)
     estimator = {"grpo": lambda r, k: grpo_advantages(r, k, cfg.scale_std, reduce=every_rank),
                  "rloo": rloo_advantages}[cfg.advantage]

@@ -375,7 +375,7 @@ def random_model(qcfg, device, dtype, attn_implementation):
         return AutoModelForCausalLM.from_config(qcfg, dtype=dtype, attn_implementation=attn_implementation)
 
 
-def random_policy(qcfg, device, size: str):
+def random_policy(qcfg, device, size: str, precision: str = "auto"):
     """model.build_model for a config instead of a folder: its own wrapping and attention choice, with its
     from_pretrained answered by random_model (nothing read or downloaded)."""
     from transformers import AutoModelForCausalLM
@@ -383,7 +383,7 @@ def random_policy(qcfg, device, size: str):
     def from_config(path, dtype, attn_implementation):
         return random_model(qcfg, device, dtype, attn_implementation)
     with mock.patch.object(AutoModelForCausalLM, "from_pretrained", from_config):
-        return M.build_model(f"<random {size}>", device, trainable=True)
+        return M.build_model(f"<random {size}>", device, trainable=True, precision=precision)
 
 
 def response_length(rng: random.Random, max_len: int) -> int:

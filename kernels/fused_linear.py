@@ -46,7 +46,8 @@ entropy_coef, then (kernels.token_logprobs' formula, temperature T)
 The loss is linear in the per-token terms and w is known before the op runs, so the gradients are complete
 when the forward returns: three GEMMs, as many as the unfused forward + backward, and O(C V) transient memory
 beyond the gradients themselves (dweight accumulates in fp32: on CUDA a bf16 / fp16 GEMM with fp32 accumulation
-and result, on tensor cores; on CPU the chunk operands are upcast, exact in fp32). Backward hands them over, rescaled in place only if the upstream gradient differs from grad_scale:
+and result, on tensor cores; on CPU, whose backend has no such addmm, each chunk's product is a GEMM in h's dtype
+(AVX512_BF16 / AMX) added into the fp32 accumulator: one bf16 rounding per chunk, none across chunks). Backward hands them over, rescaled in place only if the upstream gradient differs from grad_scale:
 pass as grad_scale the factor the caller multiplies the loss by before backward; it changes speed, never
 results. Backward can run once per forward. linear_token_logprobs cannot know its upstream gradient in the
 forward: it saves per-row lse (and ent) and its backward recomputes each chunk's logits (four GEMMs in all).
@@ -67,20 +68,20 @@ from kernels.token_logprobs import (_acc_dtype, _token_logprobs_bwd, _token_logp
 
 OBJECTIVES = ("ppo", "gspo", "gspo_token", "cispo")  # the policy term (module docstring)
 
-# Logits per token chunk (32 MiB of fp32): at V=151936 that is C=55 tokens. CPU, 1 thread, 2-core machine under
-# load: the three GEMMs of a chunk ran at 20-30 GFLOP/s at C=16..27, 37-59 at C=64 and 46-69 at C=128 (H=896,
-# V=151936); the transients are two (C, V) fp32 buffers, which the memory goal (1/8 of the unfused path, whose
-# own floor is the (V, H) weight gradient) bounds. At T=4096, H=896, V=151936 fp32 (bench_kernels.py --only
-# fused-linear): 616 MB peak vs 5392 MB unfused (ratio 0.114; 519 MB of it the weight gradient), 1.26x its CPU
-# time (wall 1.03x to 1.57x with the machine's load).
-_CHUNK_LOGITS = 1 << 23
+# Logits per token chunk on CPU (256 MiB of fp32): at V=151936 that is C=441 tokens. Each chunk is one more pass
+# over the (V, H) weight and its fp32 gradient: at Qwen2.5-0.5B's shape, 336 tokens, the update (bench_update.py)
+# took 16.3 s against 19.1 s at the earlier 1 << 23 (C=55, 7 chunks) in fp32 and 11.7 s against 12.8 s in bf16
+# (docs/speed.md, "The update at the 0.5B shape"). The transients are two (C, V) fp32 buffers (536 MB at C=441),
+# over the 1/8-of-unfused memory goal of bench_kernels.py at T=4096 (C=55 met it: 616 MB vs 5392 MB unfused);
+# host memory is not what limits a CPU run, the time is.
+_CHUNK_LOGITS = 1 << 26
 _CHUNK_LOGITS_CUDA = 1 << 26  # CUDA: C=441 tokens at V=151936 (one program per row: 3 waves on 132 SMs, not 0.4),
 # about 400 MB of transients in bf16; not yet measured on a GPU (no GPU has been lent to this project)
 
 
 def default_chunk(V: int, cuda: bool) -> int:
     """Tokens per chunk when the caller gives none: _CHUNK_LOGITS_CUDA // V on CUDA (441 at V=151936),
-    _CHUNK_LOGITS // V on CPU (55), at least 1."""
+    _CHUNK_LOGITS // V on CPU (also 441), at least 1."""
     return max(1, (_CHUNK_LOGITS_CUDA if cuda else _CHUNK_LOGITS) // V)
 
 
@@ -135,12 +136,16 @@ class _Grads:
             self.dh[sl] = torch.mm(dz.to(weight.dtype), weight)  # (C, H)
         if self.dw is None:
             pass
+        elif h_c.dtype == self.dw.dtype:
+            self.dw.addmm_(dz.T, h_c)  # (V, H) += (V, C) @ (C, H)
         elif self.dw.is_cuda and h_c.dtype in (torch.bfloat16, torch.float16) and addmm_fp32_out(self.dw.device,
                                                                                                   h_c.dtype):
             torch.ops.aten.addmm.dtype_out(self.dw, dz.T.to(h_c.dtype), h_c, torch.float32, out=self.dw)  # tensor
             # cores, fp32 accumulation
+        elif not self.dw.is_cuda:  # CPU (no addmm dtype_out): the chunk's product in h's dtype (AVX512_BF16 / AMX
+            self.dw.add_(torch.mm(dz.T.to(h_c.dtype), h_c))  # GEMM), added into fp32: one rounding per chunk
         else:
-            self.dw.addmm_(dz.T.to(self.dw.dtype), h_c.to(self.dw.dtype))  # (V, H) += (V, C) @ (C, H)
+            self.dw.addmm_(dz.T.to(self.dw.dtype), h_c.to(self.dw.dtype))
         if self.db is not None:
             self.db += dz.sum(0, dtype=self.db.dtype)
 

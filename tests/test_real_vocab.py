@@ -3,7 +3,7 @@ against the published ones, without allocating them); a model of Qwen2.5's vocab
 hidden size runs SFT, RL (CoPRIS partial rollout and its buffered old log-probs, PRIME's PRM and reference, a KL
 reference, a mismatch correction and its metrics, evaluation, export) and evaluation of the export under
 tests/vocab_guard.py, which records every op output of more than ROWS rows of V: nothing outside the fused head's
-chunks (55 tokens at this V on CPU) and the engine's running batch (engine.max_num_seqs 16 here) may build
+chunks (55 tokens at this V: vocab_guard.py's size) and the engine's running batch (engine.max_num_seqs 16 here) may build
 (tokens x V). Every job below has hundreds of tokens per forward. The guard is shown to fire on a planted head that
 builds the full logits."""
 import json
@@ -16,7 +16,7 @@ from conftest import tiny_variant
 from data.tiny_model import SHAPES, parameter_count, shape_config
 from helpers import run
 
-ROWS = 64  # > the fused head's chunk at V=151936 on CPU (kernels.fused_linear.default_chunk: 55), >= max_num_seqs
+ROWS = 64  # > the fused head's chunk at V=151936 under the guard (vocab_guard.GUARD_CHUNK_LOGITS: 55), >= max_num_seqs
 REAL_VOCAB = dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1,
                   intermediate_size=128, vocab_size=151936, tie_word_embeddings=True)
 

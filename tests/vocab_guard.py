@@ -22,7 +22,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import launch  # noqa: E402
 import model  # noqa: E402
+from kernels import fused_linear  # noqa: E402
 import trainer  # noqa: E402
+
+
+GUARD_CHUNK_LOGITS = 1 << 23  # the fused head's chunks here: 55 tokens at V=151936 (the CPU default is 441, more
+# than the rows a job's forward has: its chunks would hide a (tokens x V) tensor from the guard)
 
 
 class VocabGuard(TorchDispatchMode):
@@ -59,6 +64,7 @@ def main() -> None:
     out, rows, argv = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
     if os.environ.get("PLANT") == "logits":
         plant_full_logits()
+    fused_linear._CHUNK_LOGITS = GUARD_CHUNK_LOGITS
     path = next(a.split("=", 1)[1] for a in argv if a.startswith("--model_path="))
     guard = VocabGuard(AutoConfig.from_pretrained(path).vocab_size, rows)
     with guard:
