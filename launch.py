@@ -25,10 +25,12 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 import yaml
 
 from config import ConfigError
@@ -49,6 +51,46 @@ def read_manifest(path: Path) -> dict:
 def complete_checkpoints(root: Path) -> list[Path]:
     """Checkpoint folders with a manifest, oldest first (half-written .tmp folders are ignored)."""
     return sorted(p for p in root.glob("step_*") if not p.name.endswith(".tmp") and (p / "manifest.json").is_file())
+
+
+def save_checkpoint(run, step: int) -> Path:
+    """run.state_dict(): the sharded part through torch.distributed.checkpoint, each rank's part in rankN.pt, the
+    shared part in manifest.json. Written to step_N.tmp, renamed to step_N when every rank is done: a folder
+    without manifest.json is never taken for a checkpoint."""
+    root = run.run_dir / "checkpoints"
+    final, tmp = root / f"step_{step:06d}", root / f"step_{step:06d}.tmp"
+    if run.rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    sharded, mine, shared = run.state_dict(step)
+    dcp.save(sharded, checkpoint_id=str(tmp / "dcp"))
+    torch.save(mine, tmp / f"rank{run.rank}.pt")
+    dist.barrier()
+    if run.rank == 0:
+        (tmp / "manifest.json").write_text(json.dumps({**shared, "time": time.time()}))
+        shutil.rmtree(final, ignore_errors=True)
+        os.rename(tmp, final)
+        for old in complete_checkpoints(root)[:-run.cfg.keep_checkpoints]:
+            shutil.rmtree(old, ignore_errors=True)
+    dist.barrier()
+    return final
+
+
+def load_checkpoint(run, path: Path) -> int:
+    """Restore everything save_checkpoint wrote; -> the step it was taken after. A damaged checkpoint is a
+    ConfigError naming the file."""
+    sharded, _, _ = run.state_dict(0)
+    try:
+        dcp.load(sharded, checkpoint_id=str(path / "dcp"))
+    except Exception as e:  # DCP wraps file and planner errors in several types (CheckpointException...)
+        raise ConfigError(f"checkpoint {path / 'dcp'} does not load ({type(e).__name__}: {str(e)[:300]})") from None
+    try:
+        mine = torch.load(path / f"rank{run.rank}.pt", weights_only=False)  # our own file
+        first = torch.load(path / f"rank{run.rank - run.eg.member}.pt", weights_only=False) if run.eg.member else mine
+    except (OSError, RuntimeError, EOFError, ValueError) as e:
+        raise ConfigError(f"checkpoint {path / f'rank{run.rank}.pt'} does not load ({type(e).__name__}: {e})") from None
+    return run.load_state_dict(sharded, {**first, **mine}, read_manifest(path))
 
 
 def resume_point(cfg) -> Path | None:

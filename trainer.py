@@ -19,7 +19,6 @@ import json
 import math
 import os
 import random
-import shutil
 import sys
 import time
 import typing
@@ -34,7 +33,6 @@ if __name__ == "__main__" and {"--help", "-h"} & set(sys.argv[1:]):  # before to
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads OpenMP: waiting threads sleep (docs/speed.md)
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from transformers import AutoConfig
 
@@ -42,7 +40,7 @@ import config
 import launch
 import report
 from config import ConfigError, RewardConfig
-from launch import check_run_dir, complete_checkpoints, read_manifest, start_run_dir
+from launch import check_run_dir, load_checkpoint, save_checkpoint, start_run_dir
 from data.rows import (PromptSource, check_chat_template, load_rows, load_tokenizer, serving_tokenizer, tokenize_prompts,
                        tokenize_sft)
 from kernels import fused_linear_ppo_loss
@@ -758,46 +756,6 @@ def episode_turns(tok, tr: Trajectory) -> list[dict]:
 # ---------------------------------------------------------------------------------------------
 # Resumable checkpoints (atomic: a tmp folder renamed once complete, with a manifest); the export: model.export_hf
 # ---------------------------------------------------------------------------------------------
-
-
-def save_checkpoint(run: Run, step: int) -> Path:
-    """run.state_dict(): the sharded part through torch.distributed.checkpoint, each rank's part in rankN.pt, the
-    shared part in manifest.json. Written to step_N.tmp, renamed to step_N when every rank is done: a folder
-    without manifest.json is never taken for a checkpoint."""
-    root = run.run_dir / "checkpoints"
-    final, tmp = root / f"step_{step:06d}", root / f"step_{step:06d}.tmp"
-    if run.rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    dist.barrier()
-    sharded, mine, shared = run.state_dict(step)
-    dcp.save(sharded, checkpoint_id=str(tmp / "dcp"))
-    torch.save(mine, tmp / f"rank{run.rank}.pt")
-    dist.barrier()
-    if run.rank == 0:
-        (tmp / "manifest.json").write_text(json.dumps({**shared, "time": time.time()}))
-        shutil.rmtree(final, ignore_errors=True)
-        os.rename(tmp, final)
-        for old in complete_checkpoints(root)[:-run.cfg.keep_checkpoints]:
-            shutil.rmtree(old, ignore_errors=True)
-    dist.barrier()
-    return final
-
-
-def load_checkpoint(run: Run, path: Path) -> int:
-    """Restore everything save_checkpoint wrote; -> the step it was taken after. A damaged checkpoint is a
-    ConfigError naming the file."""
-    sharded, _, _ = run.state_dict(0)
-    try:
-        dcp.load(sharded, checkpoint_id=str(path / "dcp"))
-    except Exception as e:  # DCP wraps file and planner errors in several types (CheckpointException...)
-        raise ConfigError(f"checkpoint {path / 'dcp'} does not load ({type(e).__name__}: {str(e)[:300]})") from None
-    try:
-        mine = torch.load(path / f"rank{run.rank}.pt", weights_only=False)  # our own file
-        first = torch.load(path / f"rank{run.rank - run.eg.member}.pt", weights_only=False) if run.eg.member else mine
-    except (OSError, RuntimeError, EOFError, ValueError) as e:
-        raise ConfigError(f"checkpoint {path / f'rank{run.rank}.pt'} does not load ({type(e).__name__}: {e})") from None
-    return run.load_state_dict(sharded, {**first, **mine}, read_manifest(path))
 
 
 def resume_or_start(run: Run, ckpt: Path | None, step0) -> int:
