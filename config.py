@@ -35,11 +35,16 @@ class ConfigError(ValueError):
 
 
 @dataclasses.dataclass
-class RewardConfig:  # reward functions from your own file (rewards/user.py; docs/data.md): TRL's reward_funcs
+class RewardConfig:  # your reward functions (rewards/user.py) and reward models (rewards/models.py); docs/data.md
     funcs: list[str] = dataclasses.field(default_factory=lambda: [])  # "file.py:function" entries (or "task": the row's
     # own scorer); the reward is their weighted sum, each logged as reward/<function>; [] = the rows' tasks
     weights: list[float] = dataclasses.field(default_factory=lambda: [])  # one per entry of funcs; [] = 1 each
     sandbox: bool = False  # run the functions in the bubblewrap sandbox (rewards/sandbox.py): no network, no files
+    models: list[str] = dataclasses.field(default_factory=lambda: [])  # learned reward models (rewards/models.py):
+    # local HF sequence-classification folders (num_labels 1); reward += sum_j model_weights[j] * score_j, each
+    # logged as reward/<folder name>
+    model_weights: list[float] = dataclasses.field(default_factory=lambda: [])  # one per entry of models; [] = 1 each
+    models_normalize: bool = False  # standardise each model's scores over the step's samples (every rank) first
 
 
 # objective -> its paper's values of the keys a run leaves unset (a key the yaml or the command line sets wins)
@@ -76,6 +81,8 @@ OTHER_NAMES = {
     "rollout_is": "correction.mode", "rollout_is_threshold": "correction.threshold", "rollout_rs": "correction.mode",
     "reward_funcs": "reward.funcs", "reward_weights": "reward.weights", "custom_reward_function": "reward.funcs",
     "custom_reward_function.path": "reward.funcs", "custom_reward_function.name": "reward.funcs",
+    "reward_model": "reward.models", "reward_model.enable": "reward.models", "reward_model.model.path": "reward.models",
+    "reward_pretrain": "reward.models",
     # optimizer and model
     "learning_rate": "lr", "optim.lr": "lr", "lr_warmup_steps": "warmup_steps", "warmup_ratio": "warmup_steps",
     "lr_scheduler_type": "lr_schedule", "min_lr_ratio": "lr_schedule", "max_grad_norm": "grad_clip",
@@ -98,7 +105,6 @@ OTHER_NAMES = {
     "eval_strategy": ("eval_data", "eval_every"), "eval_dataset": "eval_data",
 }
 NOT_HERE = {
-    "reward_model": "a row's task picks its scorer in tasks.py (docs/data.md)",
     "bf16": "on CUDA always bf16 compute with fp32 master weights",
     "gradient_checkpointing": "on CUDA the layers are always checkpointed",
     "enable_gradient_checkpointing": "on CUDA the layers are always checkpointed",
@@ -523,6 +529,9 @@ def check_day_one(cfg) -> None:
             require_isolation(cfg.sandbox_opt_out)
         except SandboxUnavailable as e:
             raise ConfigError(f"reward.sandbox: {e}") from None
+    if cfg.reward.models or cfg.reward.model_weights:
+        from rewards.models import check
+        check(cfg)
     if cfg.chat_template_file and not Path(cfg.chat_template_file).is_file():
         raise ConfigError(f"chat_template_file {cfg.chat_template_file!r}: no such file")
     if cfg.top_k == 0 or cfg.top_k < -1 or not 0 <= cfg.min_p < 1 or not 0 < cfg.top_p <= 1:

@@ -50,6 +50,7 @@ from model import (DUMMY, EngineGroup, Row, adapter_disabled, all_gather_list, a
                    make_optimizer, mean_nll, micro_batches, packed_forward, push_adapter, push_full, response_logprobs,
                    rng_state, set_rng_state, shared_map, split_rows, sum_over_ranks, targets_of, trainable_state)
 from rewards.advantages import Overlong, accuracy_filter, grpo_advantages, rloo_advantages
+from rewards.models import RewardModels
 from rewards.pool import RewardPool
 from rewards.prime import Prime
 from rewards.sandbox import SandboxUnavailable, require_isolation
@@ -240,6 +241,7 @@ class Run:
     engine: "RolloutEngine | None" = None
     eg: EngineGroup | None = None  # this rank's engine group (setup() builds it; None: t = 1)
     pool: RewardPool | None = None
+    reward_models: RewardModels | None = None  # reward.models: frozen replicas on this rank (None: none)
     episodes: Episodes | None = None  # multi-turn rows: tool calls and observations (None: every row single-turn)
     scheduler: CoprisScheduler | None = None
     prompts: PromptSource | None = None
@@ -263,9 +265,9 @@ class Run:
     compute: torch.dtype = torch.float32  # precision's dtype (model.compute_dtype): the update's, engine's and push's
 
     # fields state_dict() leaves out on purpose: rebuilt from the config, or derived (tests check the list)
-    STATELESS = ("cfg", "rank", "world", "device", "run_dir", "tok", "ref", "engine", "eg", "pool", "episodes",
-                 "eval_rows", "keep_group", "push", "fill_old", "correct", "overlong", "fresh", "agg", "sft_data",
-                 "engine_version", "sinks", "compute")
+    STATELESS = ("cfg", "rank", "world", "device", "run_dir", "tok", "ref", "engine", "eg", "pool", "reward_models",
+                 "episodes", "eval_rows", "keep_group", "push", "fill_old", "correct", "overlong", "fresh", "agg",
+                 "sft_data", "engine_version", "sinks", "compute")
 
     def __post_init__(self):
         """Strategies that follow from the config alone."""
@@ -349,6 +351,8 @@ def rl_step(run: Run, step: int) -> dict:
     mem.now("asleep")
     with t("reward"):  # 4. one reward per sample, (B,) in group order (a group filter scored them already)
         rewards, reasons = score_groups(run, groups)
+        rewards, rm = run.reward_models(groups, rewards, lambda tr: model_text(run.tok, tr)) if run.reward_models \
+            else (rewards, {})  # reward.models: + sum_j w_j score_j, every rank in lockstep
     stop_if_rewards_failed(run, step, groups)
     trajs = [tr for g in groups for tr in g.samples]
     with t("rank_wait"):  # the ranks meet: the time this rank waits for the slowest one's rollout and reward
@@ -375,7 +379,7 @@ def rl_step(run: Run, step: int) -> dict:
     mem.peak("train_peak")
     report.write_samples(run, step, groups, lambda tr: model_text(run.tok, tr)) if run.cfg.log_samples else None
     return {"step": step, "push_bytes": pushed, **step_metrics(run, version, trajs, rewards, reasons, rstats, t.s),
-            **ustats, **adv_stats, **overlong, **mismatch_metrics(run, rows, trajs), **mem.metrics,
+            **ustats, **adv_stats, **overlong, **rm, **mismatch_metrics(run, rows, trajs), **mem.metrics,
             **component_metrics(run.pool, [i for g in groups for _, i in g.scores], all_sum, run.device),
             "lr": lr, **{f"time/{k}": v for k, v in t.s.items()}}  # 8. metrics
 
@@ -935,6 +939,7 @@ def train_rl(cfg: Config) -> None:
     o = cfg.overlong
     run.overlong = Overlong(cfg.max_response_len, o.buffer, o.filter, every_rank, o.penalty_factor) if o.buffer or o.filter else None
     run.episodes = start_episodes(run, rows + run.eval_rows)
+    run.reward_models = RewardModels(cfg.reward, run.device, run.compute, cfg.token_budget) if cfg.reward.models else None
     run.pool, run.engine = start_rewards(cfg, rows + run.eval_rows), start_engine(run)
     run.scheduler = CoprisScheduler(
         n=cfg.n_samples, groups=cfg.batch_groups // run.eg.count, concurrency=cfg.copris.concurrency,
