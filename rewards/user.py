@@ -188,8 +188,9 @@ def context(row: dict, turns: list[dict] | None, ids: list[int] | None, version:
 
 
 def _import_files(specs: tuple) -> tuple[float, dict]:
-    """A pool job: import every user file of specs; -> (0, {"reason": "ok"}) or the first failure's message."""
-    for path, name, *_ in specs:
+    """A pool job: import every user file of specs ("task" has none); -> (0, {"reason": "ok"}) or the first failure's
+    message."""
+    for path, name, *_ in (s for s in specs if s[1] != TASK):
         try:
             function(path, name)
         except Failure as f:
