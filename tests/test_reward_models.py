@@ -121,7 +121,8 @@ def bad_folders(tiny, rms, tmp_path):
     clash.write_text("def rm_plain(row, completion):\n    return 0.0\n")
     return {
         "missing": ([f"--reward.models={tmp_path / 'nope'}"], f"reward.models '{tmp_path / 'nope'}': no such folder"),
-        "no_config": ([f"--reward.models={tmp_path / 'empty'}"], f"reward.models '{tmp_path / 'empty'}': no config.json"),
+        "no_config": ([f"--reward.models={tmp_path / 'empty'}"],
+                      f"reward.models '{tmp_path / 'empty'}': no config.json"),
         "causal_lm": ([f"--reward.models={tiny / 'model'}"], "reward.models '{}': not a reward model (architectures "
                       "['Qwen2ForCausalLM']".format(tiny / "model")),
         "two_labels": ([f"--reward.models={two}"], f"reward.models '{two}': not a reward model (architectures "
