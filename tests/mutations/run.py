@@ -290,6 +290,12 @@ MUTANTS = [
     ("the launcher does not import the reward files", "trainer.py",
      "    check_imports(cfg)  # reward.funcs' files import", "    pass  # reward.funcs' files import",
      ["tests/test_user_rewards.py", "-k", "raises_on_import"]),
+    ("reward.model_weights ignored (every reward model weighs 1)", "rewards/models.py",
+     "rc.model_weights or [1.0] * len(rc.models)", "[1.0] * len(rc.models)",
+     ["tests/test_reward_models.py", "-k", "weighted_sum"]),
+    ("a reward model's long input keeps its first tokens (the response cut)", "rewards/models.py",
+     "return ids[-max_len:], len(ids) > max_len", "return ids[:max_len], len(ids) > max_len",
+     ["tests/test_reward_models.py", "-k", "plain_forward"]),
 ]
 
 
