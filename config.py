@@ -19,6 +19,7 @@ import os
 import re
 import struct
 import sys
+import time
 import tokenize
 import types
 import typing
@@ -103,12 +104,11 @@ OTHER_NAMES = {
     "trainer.logger": ("tensorboard", "wandb_project"), "log_completions": "log_samples",
     "num_completions_to_print": "log_samples", "log_val_generations": "log_samples",
     "eval_strategy": ("eval_data", "eval_every"), "eval_dataset": "eval_data",
+    "bf16": "precision", "fsdp_config": "precision",
 }
 NOT_HERE = {
-    "bf16": "on CUDA always bf16 compute with fp32 master weights",
-    "gradient_checkpointing": "on CUDA the layers are always checkpointed",
-    "enable_gradient_checkpointing": "on CUDA the layers are always checkpointed",
-    "fsdp_config": "FSDP2 always, bf16 compute with fp32 master weights on CUDA",
+    "gradient_checkpointing": "on CUDA the layers are always checkpointed, on CPU never (docs/speed.md)",
+    "enable_gradient_checkpointing": "on CUDA the layers are always checkpointed, on CPU never (docs/speed.md)",
     "use_vllm": "always one colocated vLLM engine per rank or engine group",
     "vllm_mode": "always one colocated vLLM engine per rank or engine group",
     "rollout.name": "always one colocated vLLM engine per rank or engine group",
@@ -347,6 +347,45 @@ def help_text(source: str | Path, top: str = "Config") -> str:
             walk(sub, p)
     walk(classes[top], "")
     return "\n".join(lines)
+
+
+SPIN_COUNT = "30000"  # GOMP_SPINCOUNT on a quiet machine: about 0.3 ms of spinning before a waiting thread sleeps
+
+
+def idle_cpus(window_s: float = 0.2, stat: str = "/proc/stat") -> float | None:
+    """How many CPUs were idle over the next window_s seconds (/proc/stat's first line: idle + iowait over all
+    jiffies, times the CPUs counted); None where /proc/stat is unreadable."""
+    def sample() -> list[int]:
+        with open(stat) as f:
+            return [int(x) for x in f.readline().split()[1:]]
+    try:
+        a = sample()
+        time.sleep(window_s)
+        b = sample()
+        with open(stat) as f:
+            cpus = sum(line.startswith("cpu") and line[3:4].isdigit() for line in f)
+    except (OSError, ValueError):
+        return None
+    d = [y - x for x, y in zip(a, b)]
+    return cpus * (d[3] + d[4]) / sum(d) if sum(d) > 0 else None
+
+
+def openmp_wait(idle: typing.Callable[[], float | None] = idle_cpus) -> str:
+    """How OpenMP threads wait at the end of a parallel region, set before torch loads libgomp (which reads it once)
+    and only where the user set neither OMP_WAIT_POLICY nor GOMP_SPINCOUNT (a child process inherits the choice).
+    Spinning is fastest on a quiet machine and slowest beside other jobs (a thread spins away the time slice its
+    partner waits for), so by measurement (docs/speed.md, "The OpenMP wait, chosen by measurement"): with at least
+    this process's threads (CPUs / LOCAL_WORLD_SIZE) idle less half a CPU, GOMP_SPINCOUNT=SPIN_COUNT; else, or where
+    the load cannot be read, OMP_WAIT_POLICY=PASSIVE (sleep at once). -> "VAR=value", what was set or kept."""
+    for var in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
+        if var in os.environ:
+            return f"{var}={os.environ[var]} (yours)"
+    threads = max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    free = idle()
+    var, value = ("GOMP_SPINCOUNT", SPIN_COUNT) if free is not None and free >= threads - 0.5 else \
+        ("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ[var] = value
+    return f"{var}={value} ({'?' if free is None else f'{free:.1f}'} of {threads} CPUs idle)"
 
 
 def checkpoint_numel(model_path: str) -> int | None:

@@ -26,17 +26,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-if __name__ == "__main__" and {"--help", "-h"} & set(sys.argv[1:]):  # before torch, transformers and vLLM load
-    import config
-    config.print_help(__file__)
+import config  # before torch, transformers and vLLM load: --help, and the OpenMP wait
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads OpenMP: waiting threads sleep (docs/speed.md)
+if __name__ == "__main__" and {"--help", "-h"} & set(sys.argv[1:]):
+    config.print_help(__file__)
+OPENMP_WAIT = config.openmp_wait()  # before torch loads OpenMP: spin on a quiet machine, sleep beside other jobs
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from transformers import AutoConfig
 
-import config
 import launch
 import report
 from config import ConfigError, RewardConfig

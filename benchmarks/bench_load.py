@@ -37,7 +37,8 @@ def bench_step(root: Path, nproc: int, args, env: dict) -> dict:
     if p.returncode or not lines:
         raise SystemExit(f"bench_load: {' '.join(cmd)} failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
     out = json.loads(lines[-1])
-    return {k: round(out[f"{k}_s"], 3) for k in ("step", "rollout", "update")}
+    return {**{k: round(out[f"{k}_s"], 3) for k in ("step", "rollout", "update")},
+            "openmp_wait": out["shapes"].get("openmp_wait")}
 
 
 def ways(args) -> dict:
@@ -92,7 +93,7 @@ def main() -> int:
                         b.wait()
                 r = rows[-1]
                 print(f"{name:>8} {rnd:>2} {nproc:>5} {load:>6} step {r['step']:7.3f} s  rollout {r['rollout']:7.3f} s"
-                      f"  update {r['update']:7.3f} s", flush=True)
+                      f"  update {r['update']:7.3f} s  {r['openmp_wait']}", flush=True)
     med = {(r["way"], r["load"], r["ranks"]): statistics.median(x["step"] for x in rows if
                                                                  (x["way"], x["load"], x["ranks"]) ==
                                                                  (r["way"], r["load"], r["ranks"])) for r in rows}

@@ -76,7 +76,8 @@ from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as trainer.py sets it, before torch loads OpenMP
+import config  # noqa: E402
+OPENMP_WAIT = config.openmp_wait()  # as trainer.py does, before torch loads OpenMP
 import torch  # noqa: E402
 
 import launch  # noqa: E402
@@ -358,8 +359,8 @@ def demo_worker(args) -> dict:
     return dict(med=med, memory=memory, lengths=lengths, device=device,
                 shapes=dict(job="demo", model_path=model_path, rows_per_step=args.groups * args.n_samples,
                             max_response_len=args.max_response_len, nproc=world,
-                            concurrency_per_rank=cfg.copris.concurrency, torch_threads=threads[-1], overrides=args.set,
-                            steps=args.steps, warmup=args.warmup))
+                            concurrency_per_rank=cfg.copris.concurrency, torch_threads=threads[-1],
+                            openmp_wait=OPENMP_WAIT, overrides=args.set, steps=args.steps, warmup=args.warmup))
 
 
 # ---------------------------------------------------------------- synthetic

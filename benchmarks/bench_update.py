@@ -30,7 +30,6 @@ import contextlib
 import functools
 import gc
 import json
-import os
 import random
 import statistics
 import sys
@@ -41,7 +40,8 @@ from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as trainer.py sets it, before torch loads OpenMP
+import config  # noqa: E402
+config.openmp_wait()  # as trainer.py does, before torch loads OpenMP
 import torch  # noqa: E402
 
 import config  # noqa: E402
