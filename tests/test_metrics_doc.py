@@ -7,6 +7,7 @@ import re
 
 from fake_rl import run_args, train
 from helpers import ROOT
+from test_reward_models import rm_folder
 
 CUDA_ONLY = {"mfu", *(f"gpu_mem/{m}_{k}" for m in ("rollout_peak", "asleep", "train_peak") for k in ("gb", "device_gb"))}
 PAGE = (ROOT / "docs" / "metrics.md").read_text()
@@ -50,13 +51,15 @@ def test_the_page_names_exactly_the_keys_runs_write(world_of_one, tiny, tiny_too
     flaky = tmp_path / "flaky.py"     # fails for about half the samples: reward_errors/reward_error
     flaky.write_text("def odd_fails(row, completion):\n    if len(completion) % 2:\n        raise ValueError('odd')\n"
                      "    return 0.0\n")
-    runs["overlong"] = (*runs["overlong"][:1], runs["overlong"][1] + f",{flaky}:odd_fails", "--reward.weights=1,0.5,1")
+    runs["overlong"] = (*runs["overlong"][:1], runs["overlong"][1] + f",{flaky}:odd_fails", "--reward.weights=1,0.5,1",
+                        f"--reward.models={rm_folder(tiny, tmp_path / 'rm')}")  # reward/rm, reward_models/truncated
     logged = {}
     for name, extra in runs.items():
         for line in train(run_args(tiny, tmp_path / name, *extra)).metrics:
             logged.update(dict.fromkeys(line, name))
     for needle in ("eval/a/pass@2", "correction/weight_mean", "prm_acc", "overlong/penalty_mean", "tools/call_rate", "eval/tool_call_rate",
-                   "sft_loss", "data/eval_rows", "reward/digit_share", "eval/val_loss", "reward_errors/reward_error"):
+                   "sft_loss", "data/eval_rows", "reward/digit_share", "eval/val_loss", "reward_errors/reward_error",
+                   "reward/rm", "reward_models/truncated"):
         assert needle in logged, f"the runs no longer log {needle}: the check would miss its kind"
     missing = {k: run for k, run in logged.items() if as_documented(k) not in documented()}
     assert not missing, f"keys runs write that docs/metrics.md does not name: {missing}"
