@@ -380,7 +380,8 @@ def openmp_wait(idle: typing.Callable[[], float | None] = idle_cpus) -> str:
     for var in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
         if var in os.environ:
             return f"{var}={os.environ[var]} (yours)"
-    threads = max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # Linux: taskset
+    threads = max(1, cpus // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     free = idle()
     var, value = ("GOMP_SPINCOUNT", SPIN_COUNT) if free is not None and free >= threads - 0.5 else \
         ("OMP_WAIT_POLICY", "PASSIVE")
