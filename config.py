@@ -97,10 +97,11 @@ OTHER_NAMES = {
     "custom_reward_function.path": "reward.funcs", "custom_reward_function.name": "reward.funcs",
     "reward_model": "reward.models", "reward_model.enable": "reward.models", "reward_model.model.path": "reward.models",
     "reward_pretrain": "reward.models",
-    "gamma": "critic.gamma", "lam": "critic.lam", "critic.optim.lr": "critic.lr",
-    "critic.model.path": "critic.model_path",
-    "critic_pretrain": "critic.model_path", "critic_warmup": "critic.warmup_steps", "cliprange_value":
-    "critic.cliprange_value", "value_clip": "critic.cliprange_value",
+    # PPO with a critic (verl's algorithm.* and critic.*, OpenRLHF's, TRL's PPOConfig)
+    "gamma": "critic.gamma", "lam": "critic.lam", "lambd": "critic.lam", "critic.optim.lr": "critic.lr",
+    "critic_learning_rate": "critic.lr", "critic.model.path": "critic.model_path", "critic_pretrain": "critic.model_path",
+    "critic_warmup": "critic.warmup_steps", "cliprange_value": "critic.cliprange_value",
+    "value_clip": "critic.cliprange_value",
     # optimizer and model
     "learning_rate": "lr", "optim.lr": "lr", "lr_warmup_steps": "warmup_steps", "warmup_ratio": "warmup_steps",
     "lr_scheduler_type": "lr_schedule", "min_lr_ratio": "lr_schedule", "max_grad_norm": "grad_clip",
@@ -214,9 +215,10 @@ def _apply(obj, key: str, value, from_cli: bool, prefix: str = "") -> None:
     if head not in hints:
         near = difflib.get_close_matches(head, list(hints), n=1)
         theirs = None if prefix else other_name_hint(key, keys_of(type(obj)))
+        theirs = theirs or (f"here it is {OTHER_NAMES[prefix + key]!r}" if prefix + key in OTHER_NAMES else None)
         hint = (f" (TRL's / verl's name; {theirs}: docs/from-trl-and-verl.md)" if theirs
                 else f" (did you mean {prefix + near[0]!r}?)" if near else "")
-        raise ConfigError(f"unknown config key {(prefix + head) if prefix or not theirs else key!r}{hint}")
+        raise ConfigError(f"unknown config key {prefix + key if theirs else prefix + head!r}{hint}")
     tp, full = hints[head], prefix + head
     if dataclasses.is_dataclass(tp):
         if rest:
