@@ -63,10 +63,11 @@ def whiten(adv: list[torch.Tensor], reduce=None) -> list[torch.Tensor]:
 
 def value_loss_terms(v: torch.Tensor, old: torch.Tensor, returns: torch.Tensor, clip: float):
     """(N,) current values, old values, returns -> ((N,) 0.5 * max((v - R)^2, (v_clip - R)^2), (N,) bool: the
-    clipped term is the larger), v_clip = old + clamp(v - old, -clip, clip)."""
+    clipped term is the larger), v_clip = old + clamp(v - old, -clip, clip). It can be larger only where v is outside
+    the clip range (inside, v_clip is v): counted there only, so rounding in old + (v - old) never counts a token."""
     v_clip = old + (v - old).clamp(-clip, clip)
     plain, clipped = (v - returns) ** 2, (v_clip - returns) ** 2
-    return 0.5 * torch.maximum(plain, clipped), clipped > plain
+    return 0.5 * torch.maximum(plain, clipped), (clipped > plain) & ((v - old).abs() > clip)
 
 
 def explained_variance(returns: torch.Tensor, values: torch.Tensor, reduce=None) -> float:
@@ -87,12 +88,14 @@ class Critic:
         self.cfg, self.c, self.device = cfg, cfg.critic, device
         self.model = build_model(self.c.model_path or cfg.model_path, device, trainable=True, precision=cfg.precision)
         hidden = self.model.config.hidden_size
-        self.head = torch.nn.Linear(hidden, 1, device=device)  # fp32, a full copy on every rank (its grads all-reduced)
-        with torch.no_grad():  # N(0, 0.01 / H), bias 0: values of about +-0.1 at the start; the same on every rank
+        self.head = torch.nn.utils.skip_init(torch.nn.Linear, hidden, 1, device=device)  # fp32, a full copy on every
+        with torch.no_grad():  # rank (its grads all-reduced); initialised here, the global generator left alone  # N(0, 0.01 / H), bias 0: values of about +-0.1 at the start; the same on every rank
             self.head.weight.copy_(torch.randn(1, hidden, generator=torch.Generator().manual_seed(cfg.seed)) * 0.1
                                    / math.sqrt(hidden))
             self.head.bias.zero_()
-        body = [p for p in self.model.parameters() if p.requires_grad]
+        out, emb = self.model.get_output_embeddings().weight, self.model.get_input_embeddings().weight
+        body = [p for p in self.model.parameters() if p.requires_grad and (p is not out or out is emb)]  # an untied
+        # lm_head gets no gradient (values come from the hidden states): left out of the optimizer and its state
         self.optim = torch.optim.AdamW(body, lr=self.c.lr, weight_decay=0.0)  # FSDP2's DTensors: one optimizer,
         self.head_optim = torch.optim.AdamW(self.head.parameters(), lr=self.c.lr, weight_decay=0.0)  # plain: another
         self.steps = 0  # RL steps the critic trained (critic.warmup_steps reads it)
@@ -114,8 +117,9 @@ class Critic:
         old = [None] * len(rows)
         with torch.no_grad():
             for mb in micro_batches(rows, self.cfg.token_budget, self.device):
-                for i, v in zip(mb, split_rows(self.values([rows[i] for i in mb]), [rows[i] for i in mb])):
-                    old[i] = v.detach().cpu()
+                v = self.values([rows[i] for i in mb])  # an empty mb runs DUMMY (FSDP's collectives must match)
+                for i, x in zip(mb, split_rows(v, [rows[i] for i in mb]) if mb else []):
+                    old[i] = x.detach().cpu()
         masks = [model_mask(r) for r in rows]
         adv, ret = gae([v[m] for v, m in zip(old, masks)], rewards, self.c.gamma, self.c.lam)
         ev = explained_variance(torch.cat(ret or [torch.zeros(0)]), torch.cat([v[m] for v, m in zip(old, masks)] or

@@ -81,7 +81,7 @@ def test_clipped_value_loss_clipfrac_and_gradient():
         vc = ot + min(max(vt - ot, -c), c)
         plain, clipped = (vt - rt) ** 2, (vc - rt) ** 2
         assert abs(float(terms[t]) - 0.5 * max(plain, clipped)) < 1e-12, t
-        assert bool(more[t]) == (clipped > plain), t
+        assert bool(more[t]) == (clipped > plain and abs(vt - ot) > c), t
         grad = 0.0 if clipped > plain and abs(vt - ot) > c else vt - rt
         assert abs(float(v.grad[t]) - grad) < 1e-12, (t, float(v.grad[t]), grad)
     assert 0 < int(more.sum()) < 41, "no token (or every token) is clipped: the check would miss a side"
