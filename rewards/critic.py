@@ -54,7 +54,7 @@ def whiten(adv: list[torch.Tensor], reduce=None) -> list[torch.Tensor]:
     """(A - mean) / sqrt(var + 1e-8) over every value of every list entry (and every rank: reduce(t) sums a (3,)
     float64 tensor over ranks); unbiased var."""
     flat = torch.cat(adv) if adv else torch.zeros(0, dtype=torch.float64)
-    s = torch.stack([torch.tensor(float(flat.numel())), flat.sum(), (flat * flat).sum()]).double()  # (3,)
+    s = torch.tensor([float(flat.numel()), float(flat.sum()), float((flat * flat).sum())], dtype=torch.float64)
     n, s1, s2 = (s if reduce is None else reduce(s)).tolist()
     mean = s1 / max(n, 1.0)
     var = max(s2 - n * mean * mean, 0.0) / max(n - 1, 1.0)
@@ -73,8 +73,8 @@ def value_loss_terms(v: torch.Tensor, old: torch.Tensor, returns: torch.Tensor, 
 def explained_variance(returns: torch.Tensor, values: torch.Tensor, reduce=None) -> float:
     """1 - Var(R - V) / (Var(R) + 1e-8) over the given tokens of every rank (unbiased variances)."""
     d = returns.double() - values.double()
-    s = torch.stack([torch.tensor(float(d.numel())), returns.double().sum(), (returns.double() ** 2).sum(), d.sum(),
-                     (d * d).sum()]).double()  # (5,)
+    s = torch.tensor([float(d.numel()), float(returns.double().sum()), float((returns.double() ** 2).sum()),
+                      float(d.sum()), float((d * d).sum())], dtype=torch.float64)  # (5,)
     n, r1, r2, d1, d2 = (s if reduce is None else reduce(s)).tolist()
     var_r, var_d = (max(b - a * a / max(n, 1.0), 0.0) / max(n - 1, 1.0) for a, b in ((r1, r2), (d1, d2)))
     return 1.0 - var_d / (var_r + 1e-8)
