@@ -18,6 +18,7 @@ of max((v - R)^2, (v_clip - R)^2). verl's order: the critic trains before the po
 at most critic.warmup_steps RL steps, the policy does not train (rl_step: hold_policy).
 """
 import math
+import warnings
 
 import torch
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -204,5 +205,7 @@ def hold_policy(run, rows: list) -> dict:
     for mb in micro_batches(need, run.cfg.token_budget, run.device):
         for i, lp in zip(mb, response_logprobs(run.policy, [need[i] for i in mb], run.device, run.cfg.temperature)):
             need[i].old_logp = torch.where(torch.isnan(need[i].old_logp), lp.cpu(), need[i].old_logp)
-    run.sched.step()
+    with warnings.catch_warnings():  # torch warns of a scheduler step before any optimizer step: that is the point
+        warnings.simplefilter("ignore", UserWarning)
+        run.sched.step()
     return {}

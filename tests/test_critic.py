@@ -77,7 +77,7 @@ def test_clipped_value_loss_clipfrac_and_gradient():
     terms, more = value_loss_terms(v, old, R, c)
     terms.sum().backward()
     for t in range(41):
-        vt, ot, rt = float(v[t]), float(old[t]), float(R[t])
+        vt, ot, rt = float(v.detach()[t]), float(old[t]), float(R[t])
         vc = ot + min(max(vt - ot, -c), c)
         plain, clipped = (vt - rt) ** 2, (vc - rt) ** 2
         assert abs(float(terms[t]) - 0.5 * max(plain, clipped)) < 1e-12, t
@@ -100,6 +100,10 @@ def test_explained_variance():
     assert abs(explained_variance(R, R) - 1.0) < 1e-12
 
 
+def base_args(tiny) -> list[str]:
+    return [f"--model_path={tiny / 'model'}", f"--train_data={tiny / 'data' / 'rl_train.jsonl'}", "--max_response_len=64"]
+
+
 @pytest.mark.parametrize("keys,says", [
     (("--prime.enabled=true",), "prime.enabled"),
     (("--lora.rank=8",), "lora.rank"),
@@ -110,14 +114,14 @@ def test_explained_variance():
 ])
 def test_gae_refuses_what_it_does_not_run_with(tiny, keys, says):
     """Each refusal is one line naming the key."""
-    base = [f"--model_path={tiny / 'model'}", f"--train_data={tiny / 'data' / 'rl_train.jsonl'}", "--advantage=gae"]
+    base = [*base_args(tiny), "--advantage=gae"]
     with pytest.raises(ConfigError) as e:
         trainer.load_config([*base, *keys], world=1)
     assert says in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
 def test_gae_refuses_engine_tensor_parallel(tiny):
-    base = [f"--model_path={tiny / 'model'}", f"--train_data={tiny / 'data' / 'rl_train.jsonl'}", "--advantage=gae",
+    base = [*base_args(tiny), "--advantage=gae",
             "--engine.tensor_parallel_size=2", "--batch_groups=2"]
     with pytest.raises(ConfigError) as e:
         trainer.load_config(base, world=2)
@@ -126,7 +130,7 @@ def test_gae_refuses_engine_tensor_parallel(tiny):
 
 def test_other_libraries_names_reach_the_critic(tiny):
     """verl's / OpenRLHF's / TRL's critic names are answered with ours."""
-    base = [f"--model_path={tiny / 'model'}", f"--train_data={tiny / 'data' / 'rl_train.jsonl'}"]
+    base = base_args(tiny)
     for name, ours in (("algorithm.gamma", "critic.gamma"), ("algorithm.lam", "critic.lam"),
                        ("critic.optim.lr", "critic.lr"), ("critic_pretrain", "critic.model_path"),
                        ("trainer.critic_warmup", "critic.warmup_steps"), ("cliprange_value", "critic.cliprange_value"),
