@@ -99,7 +99,8 @@ OTHER_NAMES = {
     "reward_pretrain": "reward.models",
     # PPO with a critic (verl's algorithm.* and critic.*, OpenRLHF's, TRL's PPOConfig)
     "gamma": "critic.gamma", "lam": "critic.lam", "lambd": "critic.lam", "critic.optim.lr": "critic.lr",
-    "critic_learning_rate": "critic.lr", "critic.model.path": "critic.model_path", "critic_pretrain": "critic.model_path",
+    "critic_learning_rate": "critic.lr", "critic.model.path": "critic.model_path",
+    "critic_pretrain": "critic.model_path",
     "critic_warmup": "critic.warmup_steps", "cliprange_value": "critic.cliprange_value",
     "value_clip": "critic.cliprange_value",
     # optimizer and model

@@ -89,8 +89,9 @@ class Critic:
         self.cfg, self.c, self.device = cfg, cfg.critic, device
         self.model = build_model(self.c.model_path or cfg.model_path, device, trainable=True, precision=cfg.precision)
         hidden = self.model.config.hidden_size
-        self.head = torch.nn.utils.skip_init(torch.nn.Linear, hidden, 1, device=device)  # fp32, a full copy on every
-        with torch.no_grad():  # rank (its grads all-reduced); initialised here, the global generator left alone  # N(0, 0.01 / H), bias 0: values of about +-0.1 at the start; the same on every rank
+        # fp32, a full copy on every rank (its grads all-reduced); initialised here, the global generator left alone
+        self.head = torch.nn.utils.skip_init(torch.nn.Linear, hidden, 1, device=device)
+        with torch.no_grad():  # N(0, 0.01 / H), bias 0: values of about +-0.1 at the start; the same on every rank
             self.head.weight.copy_(torch.randn(1, hidden, generator=torch.Generator().manual_seed(cfg.seed)) * 0.1
                                    / math.sqrt(hidden))
             self.head.bias.zero_()

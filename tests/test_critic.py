@@ -80,7 +80,7 @@ def test_clipped_value_loss_clipfrac_and_gradient():
         vt, ot, rt = float(v.detach()[t]), float(old[t]), float(R[t])
         vc = ot + min(max(vt - ot, -c), c)
         plain, clipped = (vt - rt) ** 2, (vc - rt) ** 2
-        assert abs(float(terms[t]) - 0.5 * max(plain, clipped)) < 1e-12, t
+        assert abs(float(terms.detach()[t]) - 0.5 * max(plain, clipped)) < 1e-12, t
         assert bool(more[t]) == (clipped > plain and abs(vt - ot) > c), t
         grad = 0.0 if clipped > plain and abs(vt - ot) > c else vt - rt
         assert abs(float(v.grad[t]) - grad) < 1e-12, (t, float(v.grad[t]), grad)
@@ -101,7 +101,8 @@ def test_explained_variance():
 
 
 def base_args(tiny) -> list[str]:
-    return [f"--model_path={tiny / 'model'}", f"--train_data={tiny / 'data' / 'rl_train.jsonl'}", "--max_response_len=64"]
+    return [f"--model_path={tiny / 'model'}", f"--train_data={tiny / 'data' / 'rl_train.jsonl'}",
+            "--max_response_len=64"]
 
 
 @pytest.mark.parametrize("keys,says", [

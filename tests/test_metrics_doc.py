@@ -1,7 +1,8 @@
 """docs/metrics.md names every key a run writes, and only those: the trainer's own runs with a fake engine
 (tests/fake_rl.py) log every kind of line (GRPO with evaluation over two data sources and a mismatch correction,
 PRIME, PPO with a critic (GAE), DAPO's overlong shaping, tool episodes, SFT); the keys they log (eval/mean@2 as
-eval/mean@k, a data source's keys as eval/<source>/...) and the page's are the same set, but for the CUDA-only keys no CPU run writes."""
+eval/mean@k, a data source's keys as eval/<source>/...) and the page's are the same set, but for the CUDA-only keys
+no CPU run writes."""
 import json
 import re
 

@@ -1,6 +1,6 @@
 """Trainer phases on real FSDP2 process groups (tests/trainer_worker.py at 1 and 2 ranks): world-size
-invariance of the loss, the gradient, PRIME's whitening and the critic (GAE); packed vs plain log-probs and gradients; cross-stage
-old log-probs; old log-probs supplied by the update's own forward; mini-batch metrics."""
+invariance of the loss, the gradient, PRIME's whitening and the critic (GAE); packed vs plain log-probs and
+gradients; cross-stage old log-probs; old log-probs supplied by the update's own forward; mini-batch metrics."""
 import json
 import math
 import os

@@ -372,8 +372,8 @@ def test_gae_run_follows_the_formulas(world_of_one, tiny, tmp_path, monkeypatch)
     seen, real_call, real_step = [], Critic.__call__, Critic.optimizer_step
 
     def weights(c):
-        return ({k: v.clone() for k, v in model.full_named_tensors(c.model)}, c.head.weight.detach()[0].double().clone(),
-                float(c.head.bias))
+        body = {k: v.clone() for k, v in model.full_named_tensors(c.model)}
+        return body, c.head.weight.detach()[0].double().clone(), float(c.head.bias)
 
     def call(self, rows, rewards):
         seen.append({"rows": [model.Row(r.prompt_ids, r.response) for r in rows], "rewards": rewards.double().clone(),
@@ -414,7 +414,8 @@ def test_gae_run_follows_the_formulas(world_of_one, tiny, tmp_path, monkeypatch)
             plain, clipped = (v - Rc) ** 2, (v_clip - Rc) ** 2
             terms.append(0.5 * torch.maximum(plain, clipped).mean())
             more.append((clipped > plain) & ((v - Vc).abs() > c))
-        want = {"critic/value_loss": float(sum(terms)) / 2, "critic/vf_clipfrac": float(torch.cat(more).double().mean()),
+        want = {"critic/value_loss": float(sum(terms)) / 2,
+                "critic/vf_clipfrac": float(torch.cat(more).double().mean()),
                 "critic/explained_variance": 1 - float((Rc - Vc).var()) / (float(Rc.var()) + 1e-8),
                 "critic/values_mean": float(Vc.mean()), "critic/returns_mean": float(Rc.mean())}
         for k, w in want.items():
