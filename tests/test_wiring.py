@@ -373,7 +373,7 @@ def test_gae_run_follows_the_formulas(world_of_one, tiny, tmp_path, monkeypatch)
 
     def weights(c):
         body = {k: v.clone() for k, v in model.full_named_tensors(c.model)}
-        return body, c.head.weight.detach()[0].double().clone(), float(c.head.bias)
+        return body, c.head.weight.detach()[0].double().clone(), float(c.head.bias.detach())
 
     def call(self, rows, rewards):
         seen.append({"rows": [model.Row(r.prompt_ids, r.response) for r in rows], "rewards": rewards.double().clone(),
