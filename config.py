@@ -48,6 +48,19 @@ class RewardConfig:  # your reward functions (rewards/user.py) and reward models
     models_normalize: bool = False  # standardise each model's scores over the step's samples (every rank) first
 
 
+@dataclasses.dataclass
+class CriticConfig:  # advantage: gae, PPO with a learned value function (rewards/critic.py; docs/algorithms.md)
+    model_path: str = ""  # the value model's body: a local HF causal-LM folder with the policy's tokenizer; "" = the
+    # policy's initial weights (model_path); a fresh scalar head nn.Linear(H, 1) is added either way
+    lr: float = 1e-5  # the critic's AdamW learning rate (verl's critic.optim.lr default); constant
+    warmup_steps: int = 0  # the first k RL steps train the critic only, not the policy (verl's critic_warmup)
+    cliprange_value: float = 0.5  # c: v_clip = V_old + clamp(v - V_old, -c, c); loss 0.5 max((v-R)^2, (v_clip-R)^2)
+    ppo_epochs: int = 1  # passes over each RL batch for the critic (mini_batches optimizer steps each)
+    whiten: bool = True  # advantages (A - mean) / std over the model tokens of every rank
+    gamma: float = 1.0  # discount: delta_t = r_t + gamma V_{t+1} - V_t (verl's algorithm.gamma)
+    lam: float = 1.0  # GAE's lambda: A_t = sum_l (gamma lam)^l delta_{t+l} (verl's algorithm.lam)
+
+
 # objective -> its paper's values of the keys a run leaves unset (a key the yaml or the command line sets wins)
 PAPER_DEFAULTS = {
     "gspo": {"clip_low": 3e-4, "clip_high": 4e-4, "loss_agg": "seq-mean-token-mean"},  # GSPO (Zheng et al.), 5.1
@@ -84,6 +97,12 @@ OTHER_NAMES = {
     "custom_reward_function.path": "reward.funcs", "custom_reward_function.name": "reward.funcs",
     "reward_model": "reward.models", "reward_model.enable": "reward.models", "reward_model.model.path": "reward.models",
     "reward_pretrain": "reward.models",
+    # PPO with a critic (verl's algorithm.* and critic.*, OpenRLHF's, TRL's PPOConfig)
+    "gamma": "critic.gamma", "lam": "critic.lam", "lambd": "critic.lam", "critic.optim.lr": "critic.lr",
+    "critic_learning_rate": "critic.lr", "critic.model.path": "critic.model_path",
+    "critic_pretrain": "critic.model_path",
+    "critic_warmup": "critic.warmup_steps", "cliprange_value": "critic.cliprange_value",
+    "value_clip": "critic.cliprange_value",
     # optimizer and model
     "learning_rate": "lr", "optim.lr": "lr", "lr_warmup_steps": "warmup_steps", "warmup_ratio": "warmup_steps",
     "lr_scheduler_type": "lr_schedule", "min_lr_ratio": "lr_schedule", "max_grad_norm": "grad_clip",
@@ -107,6 +126,7 @@ OTHER_NAMES = {
     "bf16": "precision", "fsdp_config": "precision",
 }
 NOT_HERE = {
+    "vf_coef": "the critic has its own AdamW (critic.lr): a weight on its loss would only rescale its gradients",
     "gradient_checkpointing": "on CUDA the layers are always checkpointed, on CPU never (docs/speed.md)",
     "enable_gradient_checkpointing": "on CUDA the layers are always checkpointed, on CPU never (docs/speed.md)",
     "use_vllm": "always one colocated vLLM engine per rank or engine group",
@@ -196,9 +216,10 @@ def _apply(obj, key: str, value, from_cli: bool, prefix: str = "") -> None:
     if head not in hints:
         near = difflib.get_close_matches(head, list(hints), n=1)
         theirs = None if prefix else other_name_hint(key, keys_of(type(obj)))
+        theirs = theirs or (f"here it is {OTHER_NAMES[prefix + key]!r}" if prefix + key in OTHER_NAMES else None)
         hint = (f" (TRL's / verl's name; {theirs}: docs/from-trl-and-verl.md)" if theirs
                 else f" (did you mean {prefix + near[0]!r}?)" if near else "")
-        raise ConfigError(f"unknown config key {(prefix + head) if prefix or not theirs else key!r}{hint}")
+        raise ConfigError(f"unknown config key {prefix + key if theirs else prefix + head!r}{hint}")
     tp, full = hints[head], prefix + head
     if dataclasses.is_dataclass(tp):
         if rest:
@@ -551,7 +572,32 @@ def validate(cfg, world: int) -> None:
             problem = sleep_backup_problem(cfg, int(os.environ.get("LOCAL_WORLD_SIZE", world)), host_available_bytes())
             if problem:
                 raise ConfigError(problem)
+    check_critic(cfg)
     check_day_one(cfg)
+
+
+def check_critic(cfg) -> None:
+    """advantage: gae's settings, and what it does not run with (one line each)."""
+    c = cfg.critic
+    if cfg.advantage != "gae":
+        return
+    if cfg.prime.enabled:
+        raise ConfigError("advantage: gae with prime.enabled: PRIME's process rewards in GAE are not built; use one")
+    if cfg.lora.rank > 0:
+        raise ConfigError("advantage: gae with lora.rank > 0 is not supported yet (the critic trains in full)")
+    if cfg.engine.tensor_parallel_size > 1:
+        raise ConfigError("advantage: gae with engine.tensor_parallel_size > 1 is untested: not supported yet")
+    if not c.lr > 0 or c.warmup_steps < 0 or c.ppo_epochs < 1 or not c.cliprange_value > 0:
+        raise ConfigError(f"critic: lr and cliprange_value must be > 0, warmup_steps >= 0 and ppo_epochs >= 1, got {c}")
+    if not 0 <= c.gamma <= 1 or not 0 <= c.lam <= 1:
+        raise ConfigError(f"critic.gamma={c.gamma} and critic.lam={c.lam} must be in [0, 1]")
+    if c.model_path and not (Path(c.model_path) / "config.json").is_file():
+        raise ConfigError(f"critic.model_path {c.model_path!r}: no config.json there (not a local HF model folder)")
+    vocab = [json.loads((Path(p) / "config.json").read_text()).get("vocab_size") for p in (cfg.model_path,
+                                                                                           c.model_path) if p]
+    if len(set(vocab)) > 1:
+        raise ConfigError(f"critic.model_path {c.model_path!r}: vocab_size {vocab[1]} is not the policy's {vocab[0]} "
+                          f"(the critic reads the policy's token ids)")
 
 
 def check_day_one(cfg) -> None:

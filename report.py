@@ -322,6 +322,7 @@ PANELS = [
     ("response length (tokens)", ["response_len", "response_len_p90", "response_len_max"]),
     ("rollout-training mismatch", ["mismatch/kl_k3", "mismatch/log_ratio_abs_mean", "mismatch/prob_diff_max"]),
     ("tool use", ["tools/call_rate", "tools/turns_mean", "tools/obs_token_frac"]),
+    ("critic (advantage: gae)", ["critic/value_loss", "critic/explained_variance", "critic/vf_clipfrac"]),
     ("seconds per step, by phase", "time/"),
 ]
 

@@ -5,8 +5,9 @@
 
 One RL step (rl_step, top to bottom): push the policy's weights into the engine if they changed -> CoPRIS rollout
 (partial, concurrency-controlled; or synchronous) -> engine sleeps -> rewards in a worker pool -> old log-probs
-(cross-stage: earlier stages keep their values) -> advantages (GRPO, RLOO or PRIME) -> PPO-clip update over packed
-micro-batches -> metrics, checkpoint. `mode: sft` trains on prompt/completion pairs; `mode: eval` only evaluates.
+(cross-stage: earlier stages keep their values) -> advantages (GRPO, RLOO, PRIME, or GAE with a critic) -> PPO-clip
+update over packed micro-batches -> metrics, checkpoint. `mode: sft` trains on prompt/completion pairs; `mode: eval`
+only evaluates.
 
 Engine groups (G = world / engine.tensor_parallel_size, t consecutive ranks each, one vLLM engine sharded over
 them) own disjoint prompts and collect batch_groups / G groups in lockstep; a group (n samples of one prompt)
@@ -38,7 +39,7 @@ from transformers import AutoConfig
 
 import launch
 import report
-from config import ConfigError, RewardConfig
+from config import ConfigError, CriticConfig, RewardConfig
 from launch import check_run_dir, load_checkpoint, save_checkpoint, start_run_dir
 from data.rows import (PromptSource, check_chat_template, load_rows, load_tokenizer, serving_tokenizer, tokenize_prompts,
                        tokenize_sft)
@@ -49,6 +50,7 @@ from model import (DUMMY, EngineGroup, Row, adapter_disabled, all_gather_list, a
                    make_optimizer, mean_nll, micro_batches, packed_forward, push_adapter, push_full, response_logprobs,
                    rng_state, set_rng_state, shared_map, split_rows, sum_over_ranks, targets_of, trainable_state)
 from rewards.advantages import Overlong, accuracy_filter, grpo_advantages, rloo_advantages
+from rewards.critic import Critic, hold_policy
 from rewards.models import RewardModels
 from rewards.pool import RewardPool
 from rewards.prime import Prime
@@ -168,7 +170,8 @@ class Config:
     mini_batches: int = 1  # optimizer steps per pass over an RL batch (1 = on-policy up to partial rollout); split
     # evenly, at most the rows a rank trains per step (batch_groups / ranks x n_samples)
     ppo_epochs: int = 1  # passes over each RL batch (TRL num_iterations, verl ppo_epochs); later ones reshuffled
-    advantage: Literal["grpo", "rloo"] = "grpo"  # group baseline (PRIME, when on, replaces it)
+    advantage: Literal["grpo", "rloo", "gae"] = "grpo"  # group baseline, or gae: PPO with a critic (critic.*);
+    # PRIME, when on, replaces grpo / rloo
     scale_std: Literal["group", "batch", "none"] = "group"  # GRPO: divide by the std of the group's or batch's rewards
     clip_low: float = 0.2  # PPO clip: ratio >= 1 - clip_low
     clip_high: float = 0.28  # PPO clip: ratio <= 1 + clip_high (asymmetric, DAPO clip-higher)
@@ -205,6 +208,7 @@ class Config:
     tools: ToolsConfig = field(default_factory=ToolsConfig)
     overlong: OverlongConfig = field(default_factory=OverlongConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
 
 
 class TrainingError(RuntimeError):
@@ -249,7 +253,7 @@ class Run:
     push: typing.Callable | None = None  # weight push to the engine: every tensor, or with LoRA the adapter alone
     keep_group: typing.Callable | None = None  # CoPRIS group filter: dynamic sampling, PRIME's accuracy range
     fill_old: typing.Callable | None = None  # old log-probs: trainer (upfront or from the update) or rollout
-    advantages: typing.Callable | None = None  # GRPO, RLOO or PRIME (a Prime object)
+    advantages: typing.Callable | None = None  # GRPO, RLOO, PRIME (a Prime object) or GAE (rewards/critic.py: a Critic)
     correct: typing.Callable | None = None  # mismatch correction weights, or None
     overlong: typing.Callable | None = None  # DAPO's overlong shaping / filtering (rewards.advantages.Overlong)
     fresh: bool = False  # trainer old log-probs: the first mini-batch takes this version's tokens on-policy (ratio 1)
@@ -283,6 +287,8 @@ class Run:
         sharded = {"policy": model, "optim": optim}
         if isinstance(self.advantages, Prime):
             sharded["prime"] = self.advantages.state_dict()
+        if isinstance(self.advantages, Critic):  # advantage: gae
+            sharded["critic"] = self.advantages.state_dict()
         mine = rng_state(self.device)
         if self.eg.member == 0:
             mine.update(prompts=self.prompts and self.prompts.state_dict(),
@@ -299,6 +305,8 @@ class Run:
                        options=trainable_state(self.policy))
         if isinstance(self.advantages, Prime):
             self.advantages.load_state_dict(sharded["prime"])
+        if isinstance(self.advantages, Critic):
+            self.advantages.load_state_dict(sharded["critic"])
         set_rng_state(mine, self.device)
         if self.prompts:
             self.prompts.load_state_dict(mine["prompts"])
@@ -361,7 +369,7 @@ def rl_step(run: Run, step: int) -> dict:
     rows = [Row(tr.prompt_ids, tr.tokens, old_logprobs_of(tr),
                 fresh=torch.tensor(tr.versions, dtype=torch.long) == version if run.fresh else None,
                 mask=torch.tensor(tr.model_mask()) if tr.obs_spans else None) for tr in trajs]
-    with t("advantages"):  # 6. advantages per token (GRPO / RLOO broadcast a sample's; PRIME steps its PRM first)
+    with t("advantages"):  # 6. advantages per token (GRPO / RLOO: a sample's; PRIME, gae: steps its PRM / critic)
         shaped, overlong = run.overlong(rows, rewards, [tr.finish_reason == "length" for tr in trajs]) \
             if run.overlong else (rewards, {})  # DAPO: length penalty added, truncated responses filtered out
         adv_stats = run.advantages(rows, shaped)
@@ -374,7 +382,7 @@ def rl_step(run: Run, step: int) -> dict:
                 raise RuntimeError("mismatch correction weights are not finite: old log-probs missing before the "
                                    "update (old_logprob_strategy must compute them upfront with a correction)")
     with t("update"):  # 7. PPO over mini_batches optimizer steps; fills the old log-probs the update computed
-        ustats = policy_update(run, rows)
+        ustats = hold_policy(run, rows) if getattr(run.advantages, "warming", False) else policy_update(run, rows)
     mem.peak("train_peak")
     report.write_samples(run, step, groups, lambda tr: model_text(run.tok, tr)) if run.cfg.log_samples else None
     return {"step": step, "push_bytes": pushed, **step_metrics(run, version, trajs, rewards, reasons, rstats, t.s),
@@ -926,10 +934,10 @@ def train_rl(cfg: Config) -> None:
                                                                  precision=cfg.precision)
     every_rank = functools.partial(sum_over_ranks, device=run.device)
     estimator = {"grpo": lambda r, k: grpo_advantages(r, k, cfg.scale_std, reduce=every_rank),
-                 "rloo": rloo_advantages}[cfg.advantage]
+                 "rloo": rloo_advantages}.get(cfg.advantage)
     reference = policy_reference if cfg.prime.ref == "policy" else frozen_reference
     run.advantages = Prime(cfg, run.device, lambda batch: reference(run, batch)) if cfg.prime.enabled \
-        else group_advantages(estimator, cfg.n_samples)
+        else Critic(cfg, run.device) if cfg.advantage == "gae" else group_advantages(estimator, cfg.n_samples)
     run.keep_group = (accuracy_in_range if cfg.prime.enabled else informative_group if cfg.copris.dynamic_sampling
                       else None)
     run.keep_group = run.keep_group and (lambda g, f=run.keep_group: f(run, g))

@@ -1,7 +1,8 @@
 """docs/metrics.md names every key a run writes, and only those: the trainer's own runs with a fake engine
 (tests/fake_rl.py) log every kind of line (GRPO with evaluation over two data sources and a mismatch correction,
-PRIME, DAPO's overlong shaping, tool episodes, SFT); the keys they log (eval/mean@2 as eval/mean@k, a data source's
-keys as eval/<source>/...) and the page's are the same set, but for the CUDA-only keys no CPU run writes."""
+PRIME, PPO with a critic (GAE), DAPO's overlong shaping, tool episodes, SFT); the keys they log (eval/mean@2 as
+eval/mean@k, a data source's keys as eval/<source>/...) and the page's are the same set, but for the CUDA-only keys
+no CPU run writes."""
 import json
 import re
 
@@ -43,6 +44,7 @@ def test_the_page_names_exactly_the_keys_runs_write(world_of_one, tiny, tiny_too
     runs = {"grpo": ("--steps=2", "--eval_every=1", f"--eval_data={two_sources}", "--eval_samples=2",
                      "--correction.mode=token_mask"),
             "prime": ("--prime.enabled=true", "--prime.filter_low=0", "--prime.filter_high=1"),
+            "gae": ("--advantage=gae", "--critic.warmup_steps=1", "--steps=2"),
             "overlong": ("--overlong.buffer=4", "--reward.funcs=rewards/example_reward_funcs.py:boxed_answer,"
                          "rewards/example_reward_funcs.py:digit_share", "--reward.weights=1,0.5"),
             "tools": tools,
@@ -57,9 +59,9 @@ def test_the_page_names_exactly_the_keys_runs_write(world_of_one, tiny, tiny_too
     for name, extra in runs.items():
         for line in train(run_args(tiny, tmp_path / name, *extra)).metrics:
             logged.update(dict.fromkeys(line, name))
-    for needle in ("eval/a/pass@2", "correction/weight_mean", "prm_acc", "overlong/penalty_mean", "tools/call_rate", "eval/tool_call_rate",
-                   "sft_loss", "data/eval_rows", "reward/digit_share", "eval/val_loss", "reward_errors/reward_error",
-                   "reward/rm", "reward_models/truncated"):
+    for needle in ("eval/a/pass@2", "correction/weight_mean", "prm_acc", "overlong/penalty_mean", "tools/call_rate",
+                   "eval/tool_call_rate", "critic/vf_clipfrac", "sft_loss", "data/eval_rows", "reward/digit_share",
+                   "eval/val_loss", "reward_errors/reward_error", "reward/rm", "reward_models/truncated"):
         assert needle in logged, f"the runs no longer log {needle}: the check would miss its kind"
     missing = {k: run for k, run in logged.items() if as_documented(k) not in documented()}
     assert not missing, f"keys runs write that docs/metrics.md does not name: {missing}"

@@ -1,6 +1,6 @@
 """Trainer phases on real FSDP2 process groups (tests/trainer_worker.py at 1 and 2 ranks): world-size
-invariance of the loss, the gradient and PRIME's whitening; packed vs plain log-probs and gradients; cross-stage
-old log-probs; old log-probs supplied by the update's own forward; mini-batch metrics."""
+invariance of the loss, the gradient, PRIME's whitening and the critic (GAE); packed vs plain log-probs and
+gradients; cross-stage old log-probs; old log-probs supplied by the update's own forward; mini-batch metrics."""
 import json
 import math
 import os
@@ -51,6 +51,21 @@ def test_prime_whitening_covers_every_rank(results):
     mean = sum(flat) / len(flat)
     std = math.sqrt(sum((x - mean) ** 2 for x in flat) / (len(flat) - 1))
     assert abs(mean) < 1e-5 and abs(std - 1) < 1e-3  # whitened over the whole batch
+
+
+def test_critic_is_the_same_on_1_and_2_ranks(results):
+    """advantage: gae's critic on FSDP2 over 2 ranks (head gradients averaged, whitening and value-loss
+    denominators over both) gives the 1-rank figures: every row's advantages, the critic/ metrics and the head."""
+    one, two = results[0], results[1]
+    assert sorted(one["critic_adv"]) == sorted(two["critic_adv"]) == [str(i) for i in range(8)]
+    for row in one["critic_adv"]:
+        for t, (a, b) in enumerate(zip(one["critic_adv"][row], two["critic_adv"][row])):
+            assert abs(a - b) < 1e-4, f"row {row} token {t}: 1 rank {a} vs 2 ranks {b}"
+    for key, a in one["critic_stats"].items():
+        assert close(a, two["critic_stats"][key], 1e-4), f"{key}: 1 rank {a} vs 2 ranks {two['critic_stats'][key]}"
+    assert one["critic_stats"]["critic/vf_clipfrac"] > 0 and one["critic_stats"]["critic/grad_norm"] > 0
+    for j, (a, b) in enumerate(zip(one["critic_head"], two["critic_head"])):
+        assert abs(a - b) < 1e-3, f"head weight {j}: 1 rank {a} vs 2 ranks {b}"
 
 
 def test_packed_logprobs_and_gradients_match_a_plain_forward(results):

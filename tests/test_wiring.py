@@ -223,6 +223,9 @@ RESUMES = {  # the test adds LR warm-up over the 3 steps: a schedule that restar
                  "--prime.lr=1e-3"),
     # three passes of two mini-batches per step: later passes reshuffled by the checkpointed generator
     "rl-epochs": ("--ppo_epochs=3", "--mini_batches=2"),
+    # PPO with a critic: its body, head, both optimizers and its step count (warm-up: step 2 trains the policy)
+    "rl-gae": ("--advantage=gae", "--critic.lr=1e-3", "--critic.warmup_steps=1", "--critic.ppo_epochs=2",
+               "--critic.gamma=0.9", "--critic.lam=0.8"),
     "sft": ("--mode=sft", "--sft_epochs=0", "--sft_batch_rows=16", "--max_response_len=96"),
 }
 
@@ -230,7 +233,8 @@ RESUMES = {  # the test adds LR warm-up over the 3 steps: a schedule that restar
 @pytest.mark.parametrize("name", list(RESUMES))
 def test_resume_restores_every_piece_of_state(world_of_one, tiny, tmp_path, name):
     """Resumed from the step-1 checkpoint, Run.state_dict() (policy, optimizer, LR schedule, RNGs, prompt cursor,
-    CoPRIS buffer, PRIME's PRM and its optimizer, counters, SFT order and generator) is exactly what was saved, and
+    CoPRIS buffer, PRIME's PRM and its optimizer, the critic's body, head, optimizers and step count, counters, SFT
+    order and generator) is exactly what was saved, and
     steps 2 and 3 save the same states and log the same metrics as the run that was never stopped."""
     data = tiny / "data" / ("sft.jsonl" if name == "sft" else "rl_train.jsonl")
     keys = (*RESUMES[name], f"--train_data={data}", "--steps=3", "--warmup_steps=3", "--keep_checkpoints=3")
@@ -336,6 +340,100 @@ def test_prime_keys_shape_the_token_rewards_and_advantages(world_of_one, tiny, t
             assert torch.allclose(r.adv.double(), adv[i, :len(r.response)], atol=2e-3), i
     moved = max(float(w.abs().max()) for w in seen[-1][3])
     assert moved > 1e-2, f"step 2's PRM is still the reference (token rewards up to {moved}): nothing tested beta"
+
+
+@torch.no_grad()
+def critic_values(path: str, weights: tuple, rows) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per row: the float64 values (T_i,) of a critic with weights (body tensors, head weight (H,), head bias) at the
+    positions that predict its response tokens (a plain HF forward's last hidden state, after the final norm), and
+    those hidden states (T_i, H)."""
+    body, w, b = weights
+    m = hf_model(path, "critic").double()
+    missing, unexpected = m.load_state_dict(body, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    seqs = [r.prompt_ids + r.response for r in rows]
+    ids = torch.zeros(len(seqs), max(map(len, seqs)), dtype=torch.long)
+    for i, q in enumerate(seqs):
+        ids[i, :len(q)] = torch.tensor(q)
+    out = m.model(input_ids=ids).last_hidden_state
+    h = [out[i, len(r.prompt_ids) - 1:len(q) - 1] for i, (r, q) in enumerate(zip(rows, seqs))]
+    return [x @ w + b for x in h], h
+
+
+def test_gae_run_follows_the_formulas(world_of_one, tiny, tmp_path, monkeypatch):
+    """advantage: gae with gamma 0.9, lam 0.7, a tight value clip, two critic passes and one warm-up step, 3 steps:
+    at each step the advantages the policy update receives are GAE of the critic's pre-update values (plain float64
+    HF forward of its recorded weights) and the step's rewards, whitened; the logged value loss, clip fraction,
+    explained variance and mean value are the float64 formulas over the values of the weights each pass trained; the
+    critic's first AdamW step moves each head weight by -lr sign(g) with g the float64 gradient of the value loss
+    (targets detached); step 1 trains the critic only (the policy is still version 0 at step 2's update)."""
+    from rewards.critic import Critic
+    from test_critic import gae_reference
+    seen, real_call, real_step = [], Critic.__call__, Critic.optimizer_step
+
+    def weights(c):
+        body = {k: v.clone() for k, v in model.full_named_tensors(c.model)}
+        return body, c.head.weight.detach()[0].double().clone(), float(c.head.bias.detach())
+
+    def call(self, rows, rewards):
+        seen.append({"rows": [model.Row(r.prompt_ids, r.response) for r in rows], "rewards": rewards.double().clone(),
+                     "weights": []})
+        stats = real_call(self, rows, rewards)
+        seen[-1].update(adv=[r.adv.clone() for r in rows], stats=stats)
+        return stats
+
+    def step(self):
+        seen[-1]["weights"].append(weights(self))
+        return real_step(self)
+
+    monkeypatch.setattr(Critic, "__call__", call)
+    monkeypatch.setattr(Critic, "optimizer_step", step)
+    lr, c, gamma, lam = 1e-2, 0.05, 0.9, 0.7
+    res = train(run_args(tiny, tmp_path, "--advantage=gae", f"--critic.gamma={gamma}", f"--critic.lam={lam}",
+                         f"--critic.cliprange_value={c}", f"--critic.lr={lr}", "--critic.ppo_epochs=2",
+                         "--critic.warmup_steps=1", "--steps=3"))
+    assert len(seen) == 3 and len(res.updates) == 2 and res.updates[0].version == 0, (len(seen), len(res.updates))
+    path, clipped_any = res.cfg.model_path, False
+    for s, rec in enumerate(seen):
+        rows, stats = rec["rows"], rec["stats"]
+        assert len(rec["weights"]) == 2, f"step {s + 1}: {len(rec['weights'])} critic optimizer steps, not 2"
+        passes = [critic_values(path, w, rows) for w in rec["weights"]]
+        old, h = passes[0]
+        ref = [gae_reference(v.tolist(), float(r), gamma, lam) for v, r in zip(old, rec["rewards"])]
+        A = [torch.tensor(a, dtype=torch.float64) for a, _ in ref]
+        R = [torch.tensor(x, dtype=torch.float64) for _, x in ref]
+        flat = torch.cat(A)
+        white = [(a - flat.mean()) / torch.sqrt(flat.var() + 1e-8) for a in A]
+        for i, (got, want) in enumerate(zip(rec["adv"], white)):
+            assert torch.allclose(got.double(), want, atol=2e-4), f"step {s + 1} row {i}: {got} vs {want}"
+        Rc, Vc = torch.cat(R), torch.cat(old)
+        terms, more = [], []
+        for v, _ in passes:
+            v = torch.cat(v)
+            v_clip = Vc + (v - Vc).clamp(-c, c)
+            plain, clipped = (v - Rc) ** 2, (v_clip - Rc) ** 2
+            terms.append(0.5 * torch.maximum(plain, clipped).mean())
+            more.append((clipped > plain) & ((v - Vc).abs() > c))
+        want = {"critic/value_loss": float(sum(terms)) / 2,
+                "critic/vf_clipfrac": float(torch.cat(more).double().mean()),
+                "critic/explained_variance": 1 - float((Rc - Vc).var()) / (float(Rc.var()) + 1e-8),
+                "critic/values_mean": float(Vc.mean()), "critic/returns_mean": float(Rc.mean())}
+        for k, w in want.items():
+            tol = 1.0 / len(Rc) + 1e-9 if k == "critic/vf_clipfrac" else 1e-4 * max(1.0, abs(w))
+            assert abs(stats[k] - w) <= tol, f"step {s + 1}: {k} {stats[k]} vs {w}"
+        clipped_any |= stats["critic/vf_clipfrac"] > 0
+        for u in res.updates:  # the policy update of this step received exactly the critic's advantages
+            if [r.response for r in u.rows] == [r.response for r in rows]:
+                assert all(torch.equal(a, r.adv) for a, r in zip(rec["adv"], u.rows)), f"step {s + 1}"
+    assert clipped_any, "the value clip never acted: the check would miss it"
+    # Adam's first step: -lr g / (|g| + eps) = -lr sign(g) per weight, g = d(value loss)/d(head weight) at step 1
+    (old, h), rec = critic_values(path, seen[0]["weights"][0], seen[0]["rows"]), seen[0]
+    R = [torch.tensor(gae_reference(v.tolist(), float(r), gamma, lam)[1], dtype=torch.float64)
+         for v, r in zip(old, rec["rewards"])]
+    g = (torch.cat(old) - torch.cat(R)) @ torch.cat(h) / len(torch.cat(R))  # (H,)
+    moved = rec["weights"][1][1] - rec["weights"][0][1]
+    big = g.abs() > 1e-3 * g.abs().max()
+    assert torch.allclose(moved[big], -lr * g[big].sign(), rtol=1e-3), (moved[big][:8], g[big][:8])
 
 
 def test_checkpoint_carries_the_cuda_generator(world_of_one, tmp_path, monkeypatch):

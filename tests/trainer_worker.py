@@ -14,7 +14,9 @@ from transformers import AutoModelForCausalLM
 import launch
 import model
 import trainer
+from config import CriticConfig
 from rewards.advantages import prime_advantages
+from rewards.critic import Critic
 from rollout.copris import Trajectory
 
 
@@ -64,6 +66,17 @@ def main(model_dir: str, out_path: str) -> None:
     every = [None] * world
     dist.all_gather_object(every, out["prime_adv"])
     out["prime_adv"] = {k: v for part in every for k, v in part.items()}
+
+    # 3. the critic (advantage: gae) on the same global batch: its advantages (whitened over every rank), value loss,
+    # clip fraction, explained variance, grad norm, and its head after two optimizer steps, at any world size
+    cfg = trainer.Config(model_path=model_dir, token_budget=64, advantage="gae",
+                         critic=CriticConfig(lr=1e-2, ppo_epochs=2, cliprange_value=0.05, gamma=0.9, lam=0.8))
+    critic, crows = Critic(cfg, device), [model.Row(r.prompt_ids, r.response) for r in mine]
+    out["critic_stats"] = critic(crows, torch.tensor([0.5 * (i % 3) for i in range(rank, 8, world)]))
+    every = [None] * world
+    dist.all_gather_object(every, {str(i): r.adv.tolist() for i, r in zip(range(rank, 8, world), crows)})
+    out["critic_adv"] = {k: v for part in every for k, v in part.items()}
+    out["critic_head"] = critic.head.weight.detach()[0].tolist()
 
     if world == 1:
         single_rank_checks(model_dir, device, vocab, out)

@@ -296,6 +296,23 @@ MUTANTS = [
     ("a reward model's long input keeps its first tokens (the response cut)", "rewards/models.py",
      "return ids[-max_len:], len(ids) > max_len", "return ids[:max_len], len(ids) > max_len",
      ["tests/test_reward_models.py", "-k", "plain_forward"]),
+    # PPO with a critic (rewards/critic.py)
+    ("GAE's gamma and lambda swapped (delta discounted by lambda)", "rewards/critic.py",
+     "delta = r + gamma * V[:, 1:] - V[:, :-1]", "delta = r + lam * V[:, 1:] - V[:, :-1]",
+     ["tests/test_critic.py", "tests/test_wiring.py", "-k", "gae"]),
+    ("no value clip (v_clip = v)", "rewards/critic.py", "v_clip = old + (v - old).clamp(-clip, clip)", "v_clip = v",
+     ["tests/test_critic.py", "tests/test_wiring.py", "-k", "clipped or gae_run"]),
+    ("value targets not detached (R = A + the current values)", "rewards/critic.py",
+     "terms, more = value_loss_terms(v, cat(old), cat(targets), self.c.cliprange_value)",
+     "terms, more = value_loss_terms(v, cat(old), cat(targets) - cat(old) + v, self.c.cliprange_value)",
+     ["tests/test_wiring.py", "-k", "gae_run"]),
+    ("GAE bootstraps from the last value (V_{T+1} = V_T, not 0)", "rewards/critic.py",
+     "        V[i, :len(v)] = v.double()\n",
+     "        V[i, :len(v)] = v.double()\n        V[i, len(v)] = float(v[-1]) if len(v) else 0.0\n",
+     ["tests/test_critic.py", "tests/test_wiring.py", "-k", "gae"]),
+    ("a resume leaves the critic as built (its checkpointed state not loaded)", "trainer.py",
+     '            self.advantages.load_state_dict(sharded["critic"])', "            pass",
+     ["tests/test_wiring.py", "-k", "rl-gae"]),
 ]
 
 
