@@ -376,16 +376,15 @@ SPIN_COUNT = "30000"  # GOMP_SPINCOUNT on a quiet machine: about 0.3 ms of spinn
 def idle_cpus(window_s: float = 0.2, stat: str = "/proc/stat") -> float | None:
     """How many CPUs were idle over the next window_s seconds (/proc/stat's first line: idle + iowait over all
     jiffies, times the CPUs counted); None where /proc/stat is unreadable."""
-    def sample() -> list[int]:
+    def sample() -> tuple[list[int], int]:  # (the first line's jiffies, the cpuN lines)
         with open(stat) as f:
-            return [int(x) for x in f.readline().split()[1:]]
+            lines = f.read().splitlines()
+        return [int(x) for x in lines[0].split()[1:]], sum(ln[:3] == "cpu" and ln[3:4].isdigit() for ln in lines)
     try:
-        a = sample()
+        a, _ = sample()
         time.sleep(window_s)
-        b = sample()
-        with open(stat) as f:
-            cpus = sum(line.startswith("cpu") and line[3:4].isdigit() for line in f)
-    except (OSError, ValueError):
+        b, cpus = sample()
+    except (OSError, ValueError, IndexError):
         return None
     d = [y - x for x, y in zip(a, b)]
     return cpus * (d[3] + d[4]) / sum(d) if sum(d) > 0 else None

@@ -31,7 +31,7 @@ import config  # before torch, transformers and vLLM load: --help, and the OpenM
 
 if __name__ == "__main__" and {"--help", "-h"} & set(sys.argv[1:]):
     config.print_help(__file__)
-OPENMP_WAIT = config.openmp_wait()  # before torch loads OpenMP: spin on a quiet machine, sleep beside other jobs
+config.openmp_wait()  # before torch loads OpenMP: spin on a quiet machine, sleep beside other jobs
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
