@@ -46,6 +46,8 @@ class RewardConfig:  # your reward functions (rewards/user.py) and reward models
     # logged as reward/<folder name>
     model_weights: list[float] = dataclasses.field(default_factory=lambda: [])  # one per entry of models; [] = 1 each
     models_normalize: bool = False  # standardise each model's scores over the step's samples (every rank) first
+    models_shard: bool = False  # FSDP2-shard each reward model over the ranks (1/world of its weights on each) instead
+    # of a full replica per rank; every rank then runs as many forwards as the one with the most
 
 
 @dataclasses.dataclass
@@ -580,8 +582,9 @@ def check_critic(cfg) -> None:
     c = cfg.critic
     if cfg.advantage != "gae":
         return
-    if cfg.prime.enabled:
-        raise ConfigError("advantage: gae with prime.enabled: PRIME's process rewards in GAE are not built; use one")
+    if cfg.prime.enabled and cfg.prime.gamma != 1.0:
+        raise ConfigError("advantage: gae with prime.enabled discounts PRIME's process rewards by critic.gamma; "
+                          f"prime.gamma={cfg.prime.gamma} is for PRIME's own advantages: leave it at 1")
     if cfg.lora.rank > 0:
         raise ConfigError("advantage: gae with lora.rank > 0 is not supported yet (the critic trains in full)")
     if cfg.engine.tensor_parallel_size > 1:

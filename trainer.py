@@ -936,8 +936,9 @@ def train_rl(cfg: Config) -> None:
     estimator = {"grpo": lambda r, k: grpo_advantages(r, k, cfg.scale_std, reduce=every_rank),
                  "rloo": rloo_advantages}.get(cfg.advantage)
     reference = policy_reference if cfg.prime.ref == "policy" else frozen_reference
-    run.advantages = Prime(cfg, run.device, lambda batch: reference(run, batch)) if cfg.prime.enabled \
-        else Critic(cfg, run.device) if cfg.advantage == "gae" else group_advantages(estimator, cfg.n_samples)
+    prime = Prime(cfg, run.device, lambda batch: reference(run, batch)) if cfg.prime.enabled else None
+    run.advantages = Critic(cfg, run.device, prime) if cfg.advantage == "gae" \
+        else prime or group_advantages(estimator, cfg.n_samples)  # PRIME's PRM: in its own advantages or the critic's
     run.keep_group = (accuracy_in_range if cfg.prime.enabled else informative_group if cfg.copris.dynamic_sampling
                       else None)
     run.keep_group = run.keep_group and (lambda g, f=run.keep_group: f(run, g))

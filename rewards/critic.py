@@ -1,13 +1,16 @@
 """PPO with a learned value function (`advantage: gae`) as an advantage strategy of the RL step: a critic and
 generalized advantage estimation (Schulman et al. 2016). docs/algorithms.md, "PPO with a critic (GAE)".
 
-    critic = Critic(cfg, device)             # a value model: the policy's architecture + a scalar head, own AdamW
+    critic = Critic(cfg, device, prm)        # a value model: the policy's architecture + a scalar head, own AdamW;
+                                             # prm: a rewards.prime.Prime with prime.enabled, else None
     stats = critic(rows, rewards)            # old values, GAE, whitening (row.adv (T_i,)), then the value update
 
 Values: V_t is the critic's output at the position that predicts response token t (the state prompt + y_<t; the
 positions of the policy's log-probs), from the critic as it is before this step's update (old values, no grad). On
 each row's model tokens (a tool's observation tokens are skipped: the chain runs over the model's tokens in order):
-r_t = the sample's reward at its last model token, 0 elsewhere; delta_t = r_t + gamma V_{t+1} - V_t with
+r_t = the sample's reward at its last model token, 0 elsewhere (with PRIME: outcome_coef x the reward there, plus
+process_coef x the implicit process reward of its PRM at every model token, the PRM stepped first as PRIME's own
+advantages have it: rewards/prime.py); delta_t = r_t + gamma V_{t+1} - V_t with
 V_{T+1} = 0 (a finished response is terminal; so is one cut at max_response_len: no bootstrap, as verl);
 A_t = sum_l (gamma lam)^l delta_{t+l}; returns R_t = A_t + V_t (value targets, detached). Whitening (critic.whiten):
 (A - mean) / sqrt(var + 1e-8) over the model tokens of every rank (unbiased var: verl's masked_whiten, and PRIME's).
@@ -31,17 +34,20 @@ def model_mask(row) -> torch.Tensor:
     return torch.ones(len(row.response), dtype=torch.bool) if row.mask is None else row.mask.bool()
 
 
-def gae(values: list[torch.Tensor], rewards: torch.Tensor, gamma: float, lam: float) -> tuple[list, list]:
+def gae(values: list[torch.Tensor], rewards: torch.Tensor, gamma: float, lam: float,
+        token_rewards: list[torch.Tensor] | None = None) -> tuple[list, list]:
     """GAE on sequences of model tokens: values one (L_i,) tensor per row, rewards (B,) each row's scalar reward at
-    its last token -> (advantages, returns), one (L_i,) float64 tensor each (module docstring; an empty row gives
-    empty ones)."""
+    its last token, token_rewards (PRIME's process rewards) None or one (L_i,) tensor per row added at every token ->
+    (advantages, returns), one (L_i,) float64 tensor each (module docstring; an empty row gives empty ones)."""
     B, T = len(values), max((len(v) for v in values), default=0)
     V = torch.zeros(B, T + 1, dtype=torch.float64)  # (B, T + 1): V_{T+1} = 0 past each row's last token
     r = torch.zeros(B, T, dtype=torch.float64)  # (B, T)
     for i, v in enumerate(values):
         V[i, :len(v)] = v.double()
+        if token_rewards is not None:
+            r[i, :len(v)] = token_rewards[i].double()
         if len(v):
-            r[i, len(v) - 1] = float(rewards[i])
+            r[i, len(v) - 1] += float(rewards[i])
     delta = r + gamma * V[:, 1:] - V[:, :-1]  # (B, T); 0 past a row's end, so each chain starts at 0 there
     A, last = torch.zeros(B, T, dtype=torch.float64), torch.zeros(B, dtype=torch.float64)
     for t in reversed(range(T)):
@@ -85,8 +91,8 @@ class Critic:
     """The value model, its head and optimizers, and the step counter warm-up reads; state_dict() is part of a
     checkpoint (module docstring)."""
 
-    def __init__(self, cfg, device):
-        self.cfg, self.c, self.device = cfg, cfg.critic, device
+    def __init__(self, cfg, device, prm=None):
+        self.cfg, self.c, self.device, self.prm = cfg, cfg.critic, device, prm
         self.model = build_model(self.c.model_path or cfg.model_path, device, trainable=True, precision=cfg.precision)
         hidden = self.model.config.hidden_size
         # fp32, a full copy on every rank (its grads all-reduced); initialised here, the global generator left alone
@@ -123,7 +129,13 @@ class Critic:
                 for i, x in zip(mb, split_rows(v, [rows[i] for i in mb]) if mb else []):
                     old[i] = x.detach().cpu()
         masks = [model_mask(r) for r in rows]
-        adv, ret = gae([v[m] for v, m in zip(old, masks)], rewards, self.c.gamma, self.c.lam)
+        process, stats = None, {}
+        if self.prm:  # PRIME: its PRM's step, then its token rewards (the module docstring)
+            token_r, stats = self.prm.step(rows, rewards)
+            stats.update(self.prm.process_stats(token_r, rows))
+            p = self.cfg.prime
+            process, rewards = [p.process_coef * t[m] for t, m in zip(token_r, masks)], p.outcome_coef * rewards
+        adv, ret = gae([v[m] for v, m in zip(old, masks)], rewards, self.c.gamma, self.c.lam, process)
         ev = explained_variance(torch.cat(ret or [torch.zeros(0)]), torch.cat([v[m] for v, m in zip(old, masks)] or
                                                                              [torch.zeros(0)]), self.reduce)
         n, v_sum, r_sum = self.reduce(torch.tensor([float(sum(m.sum() for m in masks)), float(sum(v[m].sum() for v, m in
@@ -133,7 +145,7 @@ class Critic:
         for r, m, a, R, v in zip(rows, masks, adv, ret, old):
             r.adv = torch.zeros(len(r.response)).index_put_((m,), a.float())  # (T_i,)
             targets.append(v.clone().index_put_((m,), R.float()))  # (T_i,) returns (old values at observations)
-        stats = self.update(rows, old, targets, masks)
+        stats.update(self.update(rows, old, targets, masks))
         self.steps += 1
         return {**stats, "critic/explained_variance": ev, "critic/values_mean": v_sum / max(n, 1.0),
                 "critic/returns_mean": r_sum / max(n, 1.0)}
@@ -189,12 +201,14 @@ class Critic:
         model, optim = get_state_dict(self.model, self.optim)
         head, head_optim = get_state_dict(self.head, self.head_optim)
         return {"model": model, "optim": optim, "head": head, "head_optim": head_optim,
-                "steps": torch.tensor(self.steps)}
+                "steps": torch.tensor(self.steps), **({"prm": self.prm.state_dict()} if self.prm else {})}
 
     def load_state_dict(self, state: dict) -> None:
         set_state_dict(self.model, self.optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
         set_state_dict(self.head, self.head_optim, model_state_dict=state["head"], optim_state_dict=state["head_optim"])
         self.steps = int(state["steps"])
+        if self.prm:
+            self.prm.load_state_dict(state["prm"])
 
 
 @torch.no_grad()

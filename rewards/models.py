@@ -5,6 +5,7 @@ folders with a scalar head, scoring the step's samples on every rank after the r
       models: [rm/helpful, rm/short]     # local folders: config.json (a *ForSequenceClassification, num_labels 1),
       model_weights: [1.0, 0.2]          # weights, tokenizer; one weight each ([] = 1 each)
       models_normalize: false            # true: each model's scores standardised over the step (every rank)
+      models_shard: false                # true: FSDP2-sharded over the ranks, not a full replica on each
 
     rms = RewardModels(cfg.reward, device, compute, token_budget)   # compute: the run's dtype (CPU)
     rewards, metrics = rms(groups, rewards, text_of)   # rewards (B,) + sum_j w_j s_j; g.scores updated to match
@@ -14,7 +15,9 @@ A sample's input is (prompt, response) in the RM's own format: its tokenizer's c
 then the response), else prompt + response; cut to the model's last max_position_embeddings tokens. The score
 s_j is the head's output at the last token that is not the pad token (transformers' own pooling; the pad token is
 the tokenizer's, else its eos). Each rank scores its own trained samples with a full replica (no collective in the
-forward), in bf16 on CUDA and the run's compute dtype on CPU, batched to token_budget padded tokens.
+forward), or with models_shard an FSDP2 module holding 1/world of the weights (its forwards gather them: every rank
+runs the same number, padded with one-token forwards), in bf16 on CUDA and the run's compute dtype on CPU, batched
+to token_budget padded tokens.
 """
 import json
 import math
@@ -23,7 +26,7 @@ from pathlib import Path
 import torch
 
 from config import ConfigError
-from model import all_sum
+from model import all_max, all_sum
 
 NORM_EPS = 1e-6  # (s - mean) / (std + eps) with reward.models_normalize
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
@@ -111,8 +114,22 @@ def encode(tok, prompt, response: str, max_len: int) -> tuple[list[int], bool]:
     return ids[-max_len:], len(ids) > max_len
 
 
+def shard(model, device):
+    """FSDP2 over every rank (model._no_split_modules' blocks, e.g. the decoder layers, then the root): each rank keeps
+    1/world of the weights on the device; a forward gathers them block by block."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
+    blocks = set(getattr(model, "_no_split_modules", None) or [])
+    for m in list(model.modules()):
+        if type(m).__name__ in blocks:
+            fully_shard(m, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
 class RewardModels:
-    """The run's reward models, one full replica each per rank, frozen, kept on the device between steps."""
+    """The run's reward models, frozen, kept on the device between steps: one full replica each per rank, or
+    (models_shard) FSDP2-sharded over the ranks."""
 
     def __init__(self, rc, device, compute: torch.dtype, token_budget: int):
         from transformers import AutoModelForSequenceClassification
@@ -120,12 +137,13 @@ class RewardModels:
         self.paths, self.device, self.budget, self.normalize = rc.models, device, token_budget, rc.models_normalize
         self.weights, self.names = rc.model_weights or [1.0] * len(rc.models), names(rc.models)
         self.toks = [tokenizer(p) for p in rc.models]
+        self.shard = rc.models_shard
         self.models = []
         for p, tok in zip(rc.models, self.toks):
-            m = AutoModelForSequenceClassification.from_pretrained(p, dtype=dtype).to(device).eval()
+            m = AutoModelForSequenceClassification.from_pretrained(p, dtype=dtype).eval()
             m.requires_grad_(False)
             m.config.get_text_config().pad_token_id = tok.pad_token_id  # the pooling's last non-pad token
-            self.models.append(m)
+            self.models.append(shard(m, device) if self.shard else m.to(device))
 
     @torch.no_grad()
     def score(self, j: int, pairs: list[tuple]) -> tuple[torch.Tensor, int]:
@@ -135,16 +153,21 @@ class RewardModels:
         max_len = getattr(model.config.get_text_config(), "max_position_embeddings", None) or tok.model_max_length
         enc = [encode(tok, p, r, max_len) for p, r in pairs]
         order = sorted(range(len(enc)), key=lambda i: len(enc[i][0]))
-        out, i = torch.zeros(len(enc)), 0
+        batches, i = [], 0
         while i < len(order):
             n = 1
             while i + n < len(order) and (n + 1) * len(enc[order[i + n]][0]) <= self.budget:
                 n += 1
-            idx = order[i:i + n]
-            batch = tok.pad({"input_ids": [enc[k][0] for k in idx]}, padding_side="right", return_tensors="pt")
-            logits = model(**{k: v.to(self.device) for k, v in batch.items()}).logits  # (n, 1)
-            out[idx] = logits[:, 0].float().cpu()
+            batches.append(order[i:i + n])
             i += n
+        if self.shard:  # FSDP2's gathers: the same number of forwards on every rank
+            batches += [[]] * (all_max(len(batches), self.device) - len(batches))
+        out = torch.zeros(len(enc))
+        for idx in batches:
+            ids = [enc[k][0] for k in idx] or [[tok.pad_token_id]]  # an empty batch: one pad token, score unused
+            batch = tok.pad({"input_ids": ids}, padding_side="right", return_tensors="pt")
+            logits = model(**{k: v.to(self.device) for k, v in batch.items()}).logits  # (n, 1)
+            out[idx] = logits[:len(idx), 0].float().cpu()
         return out, sum(cut for _, cut in enc)
 
     def __call__(self, groups: list, rewards: torch.Tensor, text_of) -> tuple[torch.Tensor, dict]:

@@ -3,6 +3,7 @@ reward model and the advantages of the paper's Eq. 5.
 
     prime = Prime(cfg, device, ref_logp)      # ref_logp(rows) -> one (T_i,) reference log-prob tensor per row
     stats = prime(rows, outcome)              # sets row.adv (T_i,) for every row; -> prm_loss, prm_acc, ...
+    token_r, stats = prime.step(rows, outcome)   # the PRM step alone (advantage: gae puts token_r into GAE)
 
 The PRM starts from the same checkpoint as the policy (an FSDP2 model with its own AdamW). Token rewards
 r_t = beta * (log pi_prm(y_t) - log pi_ref(y_t)) at the model's tokens, 0 at a tool's observations
@@ -47,9 +48,13 @@ class Prime:
                                self.p.process_coef, reduce=functools.partial(sum_over_ranks, device=self.device))
         for i, r in enumerate(rows):
             r.adv = adv[i, :len(r.response)]
+        return {**stats, **self.process_stats(token_r, rows)}
+
+    def process_stats(self, token_r: list, rows: list) -> dict:
+        """Mean and (population) std of the token rewards at the model tokens of every rank's rows."""
         valid = torch.cat([r[model_mask(row) > 0] for r, row in zip(token_r, rows)])  # the model's tokens
         s1, s2, n = all_sum([float(valid.sum()), float((valid ** 2).sum()), valid.numel()], self.device)
-        return {**stats, "process_reward_mean": s1 / n, "process_reward_std": math.sqrt(max(0.0, s2 / n - (s1 / n) ** 2))}
+        return {"process_reward_mean": s1 / n, "process_reward_std": math.sqrt(max(0.0, s2 / n - (s1 / n) ** 2))}
 
     def step(self, rows: list, outcome: torch.Tensor) -> tuple[list, dict]:
         """One PRM update; -> the token rewards the advantages use (of the PRM before the update, or after it

@@ -12,11 +12,13 @@ from rewards.critic import explained_variance, gae, value_loss_terms, whiten
 GAMMA, LAM = 0.9, 0.7
 
 
-def gae_reference(values: list[float], reward: float, gamma: float, lam: float) -> tuple[list[float], list[float]]:
-    """The paper's sums, no recursion: r_t = reward at the last token, delta_t = r_t + gamma V_{t+1} - V_t with
-    V_{T+1} = 0, A_t = sum_{l >= 0} (gamma lam)^l delta_{t+l}; R_t = A_t + V_t."""
+def gae_reference(values: list[float], reward: float, gamma: float, lam: float,
+                  process: list[float] | None = None) -> tuple[list[float], list[float]]:
+    """The paper's sums, no recursion: r_t = reward at the last token (+ process[t] at every token: PRIME's),
+    delta_t = r_t + gamma V_{t+1} - V_t with V_{T+1} = 0, A_t = sum_{l >= 0} (gamma lam)^l delta_{t+l};
+    R_t = A_t + V_t."""
     T = len(values)
-    r = [reward if t == T - 1 else 0.0 for t in range(T)]
+    r = [(reward if t == T - 1 else 0.0) + (process[t] if process else 0.0) for t in range(T)]
     nxt = [values[t + 1] if t + 1 < T else 0.0 for t in range(T)]
     delta = [r[t] + gamma * nxt[t] - values[t] for t in range(T)]
     adv = [sum((gamma * lam) ** (s - t) * delta[s] for s in range(t, T)) for t in range(T)]
@@ -30,11 +32,20 @@ def random_rows(seed: int, lengths=(7, 1, 13, 0, 4)) -> tuple[list[torch.Tensor]
 
 @pytest.mark.parametrize("gamma,lam", [(GAMMA, LAM), (1.0, 1.0), (0.5, 0.95)])
 def test_gae_and_returns_follow_the_paper(gamma, lam):
-    """Rows of odd lengths (one token, and an empty one): every advantage and return equals the float64 sums."""
+    """Rows of odd lengths (one token, and an empty one): every advantage and return equals the float64 sums, with
+    and without per-token (process) rewards."""
     values, rewards = random_rows(0)
     adv, ret = gae(values, rewards, gamma, lam)
     for i, (v, a, R) in enumerate(zip(values, adv, ret)):
         want_a, want_r = gae_reference(v.tolist(), float(rewards[i]), gamma, lam)
+        assert torch.allclose(a, torch.tensor(want_a, dtype=torch.float64), atol=1e-10), (i, a, want_a)
+        assert torch.allclose(R, torch.tensor(want_r, dtype=torch.float64), atol=1e-10), (i, R, want_r)
+    # PRIME's process rewards at every token besides the outcome at the last
+    process = [torch.randn(len(v), generator=torch.Generator().manual_seed(i), dtype=torch.float64)
+               for i, v in enumerate(values)]
+    adv, ret = gae(values, rewards, gamma, lam, process)
+    for i, (v, a, R) in enumerate(zip(values, adv, ret)):
+        want_a, want_r = gae_reference(v.tolist(), float(rewards[i]), gamma, lam, process[i].tolist())
         assert torch.allclose(a, torch.tensor(want_a, dtype=torch.float64), atol=1e-10), (i, a, want_a)
         assert torch.allclose(R, torch.tensor(want_r, dtype=torch.float64), atol=1e-10), (i, R, want_r)
     # lam = 1: A_t = gamma^(T-1-t) r - V_t (Monte Carlo returns minus the baseline), R_t = the discounted reward
@@ -106,7 +117,7 @@ def base_args(tiny) -> list[str]:
 
 
 @pytest.mark.parametrize("keys,says", [
-    (("--prime.enabled=true",), "prime.enabled"),
+    (("--prime.enabled=true", "--prime.gamma=0.9"), "prime.gamma"),
     (("--lora.rank=8",), "lora.rank"),
     (("--critic.cliprange_value=0",), "cliprange_value"),
     (("--critic.lam=1.5",), "critic.lam"),

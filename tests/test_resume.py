@@ -1,7 +1,7 @@
 """Crash safety: a run killed with SIGKILL at a fixed step (partial trajectories in the CoPRIS buffer) and resumed
 with --resume=auto writes exactly the uninterrupted run's per-step metrics: GRPO on 2 ranks, PRIME (its PRM and
-PRM optimizer are part of the checkpoint), LoRA, a tensor-parallel engine, and SFT. Half-written checkpoints are
-ignored."""
+PRM optimizer are part of the checkpoint), PPO with a critic (its value model, head and optimizers too), LoRA, a
+tensor-parallel engine, and SFT. Half-written checkpoints are ignored."""
 import json
 import shutil
 import signal
@@ -38,6 +38,9 @@ def kill_and_resume(cmd_for, run_dir, steps_key="step"):
     ("grpo-2ranks", 2, []),
     pytest.param("prime-1rank", 1, ["--prime.enabled=true", "--prime.filter_low=0", "--prime.filter_high=1",
                                     "--prime.lr=1e-3"], marks=pytest.mark.slow),
+    # advantage: gae on 2 ranks, one critic-only warm-up step: the critic's FSDP2 body, head, AdamW states and step
+    pytest.param("gae-2ranks", 2, ["--advantage=gae", "--critic.warmup_steps=1", "--critic.lr=1e-3"],
+                 marks=pytest.mark.slow),
     # LoRA with adapter dropout (the RNG state matters) and k3 KL to the base (the adapter disabled)
     pytest.param("lora-1rank", 1, ["--lora.rank=8", "--lora.dropout=0.1", "--kl_coef=0.01"], marks=pytest.mark.slow),
     # one engine over both ranks: the group's prompt cursor and CoPRIS buffer are saved once, by its first rank
@@ -50,7 +53,7 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tiny, tmp_path, name, npr
     assert p.returncode == 0, p.stderr[-3000:]
     want = metrics(tmp_path / "ref")
     assert [r["step"] for r in want] == [0, 1, 2, 3, 4]
-    assert all(r["grad_norm"] > 0 for r in want[1:])
+    assert all(r["grad_norm"] > 0 for r in want[2 if "gae" in name else 1:])  # gae: step 1 trains the critic alone
     state = torch.load(tmp_path / "ref" / "checkpoints" / "step_000004" / "rank0.pt", weights_only=False)
     assert any(not t["finish_reason"] for g in state["scheduler"]["buffer"] for t in g["samples"]), \
         "no partial trajectory in the buffer: the test would not cover resuming them"
@@ -59,6 +62,9 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tiny, tmp_path, name, npr
     for w, g in zip(want, got):  # exact: same tokens, rewards, losses, grad norms (PRIME: PRM loss too)
         assert g == w, f"{name} step {w['step']}: " + str({k: (w[k], g.get(k)) for k in w if g.get(k) != w[k]})
     assert len(got) == len(want)
+    if "gae" in name:  # the critic trained: its loss moved, and the resumed steps equal the reference's (above)
+        losses = [r["critic/value_loss"] for r in want[1:]]
+        assert len(set(losses)) == len(losses) and "grad_norm" not in want[1], want[:2]
     if "tp2" in name:
         ckpt = complete_checkpoints(tmp_path / "ref" / "checkpoints")[-1]
         second = torch.load(ckpt / "rank1.pt", weights_only=False)

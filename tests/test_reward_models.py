@@ -58,17 +58,22 @@ PAIRS = [("Eli has 5 books. Eli loses 2. How many books now? Answer:", " 3"),
          ("Compute 7 * 6.", ""), ("x", " 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20")]
 
 
-def models_of(paths, weights=(), normalize=False, budget=64):
+def models_of(paths, weights=(), normalize=False, budget=64, shard=False):
     from rewards.models import RewardModels
-    rc = SimpleNamespace(models=list(paths), model_weights=list(weights), models_normalize=normalize)
+    rc = SimpleNamespace(models=list(paths), model_weights=list(weights), models_normalize=normalize,
+                         models_shard=shard)
     return RewardModels(rc, torch.device("cpu"), torch.float32, budget)
 
 
-@pytest.mark.parametrize("kind", ["plain", "chat", "short"])
+@pytest.mark.parametrize("kind", ["plain", "chat", "short", "plain_sharded"])
 def test_scores_equal_a_plain_forward(rms, world_of_one, kind):
     """Batched (budget 64 padded tokens: several forwards of several rows), right-padded, read at the last non-pad
-    token: each equals the unbatched forward; the 16-position model reads the last 16 tokens and counts the cuts."""
-    m = models_of([rms[kind]])
+    token: each equals the unbatched forward; the 16-position model reads the last 16 tokens and counts the cuts.
+    plain_sharded: the FSDP2-wrapped model (reward.models_shard; 2 ranks in the slow RL test)."""
+    sharded = kind.endswith("_sharded")
+    kind = kind.removesuffix("_sharded")
+    m = models_of([rms[kind]], shard=sharded)
+    assert sharded == any("FSDP" in type(x).__name__ for x in m.models[0].modules())
     got, cut = m.score(0, PAIRS)
     max_pos = 16 if kind == "short" else 256
     want = [plain_score(rms[kind], p, r, kind == "chat", max_pos) for p, r in PAIRS]
@@ -164,16 +169,17 @@ EXAMPLE = "rewards/example_reward_funcs.py"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("nproc", [1, 2])
-def test_rl_reward_is_funcs_plus_weighted_models(tiny, rms, tmp_path, nproc):
+@pytest.mark.parametrize("nproc, shard", [(1, False), (2, False), (2, True)])
+def test_rl_reward_is_funcs_plus_weighted_models(tiny, rms, tmp_path, nproc, shard):
     """2 steps on the demo rows with reward.funcs (the row's task and digit_share) and two reward models (one with a
     chat template): each of rank 0's logged samples has reward = 1 x task + 0.5 x digit_share + 2 x rm_plain -
     0.5 x rm_chat, each model's component equals the plain forward of (row prompt, completion), and each step's
-    reward is the same weighted sum of the logged means reward/<name> (every rank's samples)."""
+    reward is the same weighted sum of the logged means reward/<name> (every rank's samples). shard: the models are
+    FSDP2-sharded over the 2 ranks (reward.models_shard), the scores the same."""
     run_dir = tmp_path / "run"
     args = rl_args(tiny, run_dir, "--steps=2", "--save_every=0", "--log_samples=100", "--reward.weights=1,0.5",
                    f"--reward.funcs=task,{EXAMPLE}:digit_share", f"--reward.models={rms['plain']},{rms['chat']}",
-                   "--reward.model_weights=2,-0.5")
+                   "--reward.model_weights=2,-0.5", f"--reward.models_shard={str(shard).lower()}")
     p = subprocess.run(trainer_cmd(nproc, *args),
                        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]

@@ -226,6 +226,9 @@ RESUMES = {  # the test adds LR warm-up over the 3 steps: a schedule that restar
     # PPO with a critic: its body, head, both optimizers and its step count (warm-up: step 2 trains the policy)
     "rl-gae": ("--advantage=gae", "--critic.lr=1e-3", "--critic.warmup_steps=1", "--critic.ppo_epochs=2",
                "--critic.gamma=0.9", "--critic.lam=0.8"),
+    # PRIME's process rewards in GAE: the critic's state and the PRM's (model, optimizer) inside it
+    "rl-prime-gae": ("--advantage=gae", "--critic.lr=1e-3", "--prime.enabled=true", "--prime.filter_low=0",
+                     "--prime.filter_high=1", "--prime.lr=1e-3"),
     "sft": ("--mode=sft", "--sft_epochs=0", "--sft_batch_rows=16", "--max_response_len=96"),
 }
 
@@ -360,16 +363,19 @@ def critic_values(path: str, weights: tuple, rows) -> tuple[list[torch.Tensor], 
     return [x @ w + b for x in h], h
 
 
-def test_gae_run_follows_the_formulas(world_of_one, tiny, tmp_path, monkeypatch):
+@pytest.mark.parametrize("prime", [False, True])
+def test_gae_run_follows_the_formulas(world_of_one, tiny, tmp_path, monkeypatch, prime):
     """advantage: gae with gamma 0.9, lam 0.7, a tight value clip, two critic passes and one warm-up step, 3 steps:
     at each step the advantages the policy update receives are GAE of the critic's pre-update values (plain float64
-    HF forward of its recorded weights) and the step's rewards, whitened; the logged value loss, clip fraction,
+    HF forward of its recorded weights) and the step's rewards, whitened (prime: outcome_coef x the reward at the
+    last token plus process_coef x the token rewards the PRM's step returned at every token); the logged value loss, clip fraction,
     explained variance and mean value are the float64 formulas over the values of the weights each pass trained; the
     critic's first AdamW step moves each head weight by -lr sign(g) with g the float64 gradient of the value loss
     (targets detached); step 1 trains the critic only (the policy is still version 0 at step 2's update)."""
     from rewards.critic import Critic
+    from rewards.prime import Prime
     from test_critic import gae_reference
-    seen, real_call, real_step = [], Critic.__call__, Critic.optimizer_step
+    seen, real_call, real_step, real_prm = [], Critic.__call__, Critic.optimizer_step, Prime.step
 
     def weights(c):
         body = {k: v.clone() for k, v in model.full_named_tensors(c.model)}
@@ -386,12 +392,20 @@ def test_gae_run_follows_the_formulas(world_of_one, tiny, tmp_path, monkeypatch)
         seen[-1]["weights"].append(weights(self))
         return real_step(self)
 
+    def prm_step(self, rows, outcome):
+        token_r, stats = real_prm(self, rows, outcome)
+        seen[-1]["process"] = [t.double().clone() for t in token_r]
+        return token_r, stats
+
     monkeypatch.setattr(Critic, "__call__", call)
     monkeypatch.setattr(Critic, "optimizer_step", step)
-    lr, c, gamma, lam = 1e-2, 0.05, 0.9, 0.7
+    monkeypatch.setattr(Prime, "step", prm_step)
+    lr, c, gamma, lam, w_out, w_proc = 1e-2, 0.05, 0.9, 0.7, 2.0, 0.5
+    keys = ("--prime.enabled=true", "--prime.filter_low=0", "--prime.filter_high=1", "--prime.lr=1e-3",
+            f"--prime.outcome_coef={w_out}", f"--prime.process_coef={w_proc}") if prime else ()
     res = train(run_args(tiny, tmp_path, "--advantage=gae", f"--critic.gamma={gamma}", f"--critic.lam={lam}",
                          f"--critic.cliprange_value={c}", f"--critic.lr={lr}", "--critic.ppo_epochs=2",
-                         "--critic.warmup_steps=1", "--steps=3"))
+                         "--critic.warmup_steps=1", "--steps=3", *keys))
     assert len(seen) == 3 and len(res.updates) == 2 and res.updates[0].version == 0, (len(seen), len(res.updates))
     path, clipped_any = res.cfg.model_path, False
     for s, rec in enumerate(seen):
@@ -399,7 +413,13 @@ def test_gae_run_follows_the_formulas(world_of_one, tiny, tmp_path, monkeypatch)
         assert len(rec["weights"]) == 2, f"step {s + 1}: {len(rec['weights'])} critic optimizer steps, not 2"
         passes = [critic_values(path, w, rows) for w in rec["weights"]]
         old, h = passes[0]
-        ref = [gae_reference(v.tolist(), float(r), gamma, lam) for v, r in zip(old, rec["rewards"])]
+        if prime:  # the PRM stepped at every step; from step 2 (it starts as the reference) its token rewards are
+            # not 0, so they are in the check
+            assert "prm_loss" in stats and (s == 0 or any(t.abs().max() > 0 for t in rec["process"])), f"step {s + 1}"
+        process = [w_proc * t for t in rec["process"]] if prime else [None] * len(old)
+        out = w_out if prime else 1.0
+        ref = [gae_reference(v.tolist(), out * float(r), gamma, lam, None if p is None else p.tolist())
+               for v, r, p in zip(old, rec["rewards"], process)]
         A = [torch.tensor(a, dtype=torch.float64) for a, _ in ref]
         R = [torch.tensor(x, dtype=torch.float64) for _, x in ref]
         flat = torch.cat(A)
@@ -428,8 +448,10 @@ def test_gae_run_follows_the_formulas(world_of_one, tiny, tmp_path, monkeypatch)
     assert clipped_any, "the value clip never acted: the check would miss it"
     # Adam's first step: -lr g / (|g| + eps) = -lr sign(g) per weight, g = d(value loss)/d(head weight) at step 1
     (old, h), rec = critic_values(path, seen[0]["weights"][0], seen[0]["rows"]), seen[0]
-    R = [torch.tensor(gae_reference(v.tolist(), float(r), gamma, lam)[1], dtype=torch.float64)
-         for v, r in zip(old, rec["rewards"])]
+    process = [w_proc * t for t in rec["process"]] if prime else [None] * len(old)
+    R = [torch.tensor(gae_reference(v.tolist(), (w_out if prime else 1.0) * float(r), gamma, lam,
+                                    None if p is None else p.tolist())[1], dtype=torch.float64)
+         for v, r, p in zip(old, rec["rewards"], process)]
     g = (torch.cat(old) - torch.cat(R)) @ torch.cat(h) / len(torch.cat(R))  # (H,)
     moved = rec["weights"][1][1] - rec["weights"][0][1]
     big = g.abs() > 1e-3 * g.abs().max()

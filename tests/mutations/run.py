@@ -313,6 +313,16 @@ MUTANTS = [
     ("a resume leaves the critic as built (its checkpointed state not loaded)", "trainer.py",
      '            self.advantages.load_state_dict(sharded["critic"])', "            pass",
      ["tests/test_wiring.py", "-k", "rl-gae"]),
+    ("PRIME in GAE: the process rewards left out (the outcome alone)", "rewards/critic.py",
+     "self.c.gamma, self.c.lam, process)", "self.c.gamma, self.c.lam, None)",
+     ["tests/test_wiring.py", "-k", "gae_run"]),
+    ("PRIME in GAE: the process rewards at the last token only (summed there)", "rewards/critic.py",
+     "            r[i, :len(v)] = token_rewards[i].double()",
+     "            r[i, len(v) - 1] = token_rewards[i].double().sum() if len(v) else 0.0",
+     ["tests/test_critic.py", "-k", "gae"]),
+    ("a resume leaves PRIME's PRM inside the critic as built", "rewards/critic.py",
+     '            self.prm.load_state_dict(state["prm"])', "            pass",
+     ["tests/test_wiring.py", "-k", "rl-prime-gae"]),
 ]
 
 
