@@ -320,8 +320,8 @@ MUTANTS = [
      "            r[i, :len(v)] = token_rewards[i].double()",
      "            r[i, len(v) - 1] = token_rewards[i].double().sum() if len(v) else 0.0",
      ["tests/test_critic.py", "-k", "gae"]),
-    ("a resume leaves PRIME's PRM inside the critic as built", "rewards/critic.py",
-     '            self.prm.load_state_dict(state["prm"])', "            pass",
+    ("the critic's checkpoint leaves out PRIME's PRM (a resume starts it over)", "rewards/critic.py",
+     '**({"prm": self.prm.state_dict()} if self.prm else {})', "**{}",
      ["tests/test_wiring.py", "-k", "rl-prime-gae"]),
 ]
 
