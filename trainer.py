@@ -687,8 +687,9 @@ def mismatch_metrics(run: Run, rows: list[Row], trajs) -> dict:
 @torch.no_grad()
 def evaluate(run: Run, samples_out: Path | None = None) -> dict:
     """Held-out accuracy per data_source and overall: greedy, mean@k and pass@k (unbiased), with
-    k = eval_samples completions sampled at `temperature`. Each engine group generates its share of the rows; its
-    ranks score every t-th. samples_out: rank 0 writes every completion with its score there (jsonl)."""
+    k = eval_samples completions sampled at `temperature`, and reward.models' mean raw scores. Each engine group
+    generates its share of the rows; its ranks score every t-th. samples_out: rank 0 writes every completion with
+    its score (and reward models' scores) there (jsonl)."""
     k, eg = run.cfg.eval_samples, run.eg
     if run.policy is not None:
         push_weights_if_stale(run)
@@ -700,18 +701,22 @@ def evaluate(run: Run, samples_out: Path | None = None) -> dict:
     scores = run.pool.score([(rows[i // (k + 1)], t, context(rows[i // (k + 1)], turns[i], None, run.policy_version, run.cfg))
                              for i, t in enumerate(texts)])
     run.engine.sleep()
+    rm, rm_means = run.reward_models.held_out([(rows[i // (k + 1)]["prompt"], t) for i, t in enumerate(texts)]) \
+        if run.reward_models else ([{}] * len(texts), {})  # reward.models' view of the same completions
     sources = sorted({r["data_source"] for r in run.eval_rows})
     if samples_out is not None:
         mine = [{"id": row.get("id"), "data_source": row["data_source"], "task": row["task"], "name": row.get("name"),
                  "kind": "greedy" if j == 0 else "sample",
                  "completion": texts[i * (k + 1) + j], "score": scores[i * (k + 1) + j][0],
                  "reason": scores[i * (k + 1) + j][1]["reason"],
-                 **({"turns": turns[i * (k + 1) + j]} if turns[i * (k + 1) + j] else {})}
+                 **({"turns": turns[i * (k + 1) + j]} if turns[i * (k + 1) + j] else {}),
+                 **({"reward_models": rm[i * (k + 1) + j]} if rm_means else {})}
                 for i, row in enumerate(rows) for j in range(k + 1)]
         every = all_gather_list(mine)
         if run.rank == 0:
             samples_out.write_text("".join(json.dumps(r) + "\n" for r in every))
-    out = report.eval_metrics(all_sum(report.eval_sums(rows, [s for s, _ in scores], k, sources), run.device), sources, k)
+    out = {**report.eval_metrics(all_sum(report.eval_sums(rows, [s for s, _ in scores], k, sources), run.device),
+                                 sources, k), **rm_means}
     if run.episodes:  # the share of held-out completions (greedy and sampled) that called a tool
         called, n = all_sum([sum(any(x["role"] == "tool" for x in t) for t in turns), len(turns)], run.device)
         out["eval/tool_call_rate"] = called / max(n, 1.0)
@@ -1032,6 +1037,7 @@ def run_eval(cfg: Config) -> None:
     counts = data_counts(run, "eval", len(rows), skipped, f"prompt over max_prompt_len={cfg.max_prompt_len}")
     run.episodes = start_episodes(run, run.eval_rows)
     run.pool, run.engine = start_rewards(cfg, run.eval_rows), start_engine(run)
+    run.reward_models = RewardModels(cfg.reward, run.device, run.compute, cfg.token_budget) if cfg.reward.models else None
     try:
         metrics = {**evaluate(run, samples_out=run.run_dir / "eval_samples.jsonl"), **counts}
         if run.rank == 0:

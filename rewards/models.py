@@ -9,6 +9,7 @@ folders with a scalar head, scoring the step's samples on every rank after the r
 
     rms = RewardModels(cfg.reward, device, compute, token_budget)   # compute: the run's dtype (CPU)
     rewards, metrics = rms(groups, rewards, text_of)   # rewards (B,) + sum_j w_j s_j; g.scores updated to match
+    per, metrics = rms.held_out(pairs)                 # evaluation: raw scores of held-out (prompt, completion)s
 
 A sample's input is (prompt, response) in the RM's own format: its tokenizer's chat template over
 [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}] (a chat prompt: its messages,
@@ -169,6 +170,18 @@ class RewardModels:
             logits = model(**{k: v.to(self.device) for k, v in batch.items()}).logits  # (n, 1)
             out[idx] = logits[:len(idx), 0].float().cpu()
         return out, sum(cut for _, cut in enc)
+
+    def held_out(self, pairs: list[tuple]) -> tuple[list[dict], dict]:
+        """Held-out completions as (prompt, response) -> (per completion {name: raw score}, eval/reward/<name>: each
+        model's mean raw score over every rank's completions). Every rank calls it (the sums are collectives)."""
+        per, out = [{} for _ in pairs], {}
+        for j, name in enumerate(self.names):
+            s, _ = self.score(j, pairs)
+            for d, x in zip(per, s.tolist()):
+                d[name] = x
+            total, n = all_sum([float(s.sum()), len(s)], self.device)
+            out[f"eval/reward/{name}"] = total / max(n, 1.0)
+        return per, out
 
     def __call__(self, groups: list, rewards: torch.Tensor, text_of) -> tuple[torch.Tensor, dict]:
         """rewards (B,) of the step's samples in group order (text_of(trajectory): the response) -> (rewards +

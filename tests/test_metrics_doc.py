@@ -24,6 +24,7 @@ def as_documented(key: str) -> str:
     """A logged key as the page writes it: @4 -> @k, eval/<a data source>/x -> eval/<source>/x."""
     key = re.sub(r"@\d+$", "@k", key)
     key = re.sub(r"^reward/.+$", "reward/<function>", key)
+    key = re.sub(r"^eval/reward/.+$", "eval/reward/<model>", key)
     key = re.sub(r"^reward_errors/.+$", "reward_errors/<reason>", key)
     return re.sub(r"^eval/[^/]+/(greedy_acc|mean@k|pass@k)$", r"eval/<source>/\1", key)
 
@@ -54,14 +55,16 @@ def test_the_page_names_exactly_the_keys_runs_write(world_of_one, tiny, tiny_too
     flaky.write_text("def odd_fails(row, completion):\n    if len(completion) % 2:\n        raise ValueError('odd')\n"
                      "    return 0.0\n")
     runs["overlong"] = (*runs["overlong"][:1], runs["overlong"][1] + f",{flaky}:odd_fails", "--reward.weights=1,0.5,1",
-                        f"--reward.models={rm_folder(tiny, tmp_path / 'rm')}")  # reward/rm, reward_models/truncated
+                        f"--reward.models={rm_folder(tiny, tmp_path / 'rm')}",  # reward/rm, reward_models/truncated
+                        f"--eval_data={data / 'eval.jsonl'}", "--eval_samples=2")  # eval/reward/rm
     logged = {}
     for name, extra in runs.items():
         for line in train(run_args(tiny, tmp_path / name, *extra)).metrics:
             logged.update(dict.fromkeys(line, name))
     for needle in ("eval/a/pass@2", "correction/weight_mean", "prm_acc", "overlong/penalty_mean", "tools/call_rate",
                    "eval/tool_call_rate", "critic/vf_clipfrac", "sft_loss", "data/eval_rows", "reward/digit_share",
-                   "eval/val_loss", "reward_errors/reward_error", "reward/rm", "reward_models/truncated"):
+                   "eval/val_loss", "reward_errors/reward_error", "reward/rm", "reward_models/truncated",
+                   "eval/reward/rm"):
         assert needle in logged, f"the runs no longer log {needle}: the check would miss its kind"
     missing = {k: run for k, run in logged.items() if as_documented(k) not in documented()}
     assert not missing, f"keys runs write that docs/metrics.md does not name: {missing}"

@@ -199,3 +199,26 @@ def test_rl_reward_is_funcs_plus_weighted_models(tiny, rms, tmp_path, nproc, sha
         assert c["rm_chat"] == pytest.approx(plain_score(rms["chat"], s["prompt"], s["completion"], True), abs=1e-4)
         assert s["reward"] == pytest.approx(c["task"] + 0.5 * c["digit_share"] + 2 * c["rm_plain"] - 0.5 * c["rm_chat"],
                                             abs=1e-5)
+
+
+@pytest.mark.slow
+def test_eval_mode_scores_held_out_completions(tiny, rms, tmp_path):
+    """--mode=eval with reward.models on 2 ranks (each scores its share of the completions): each completion in
+    eval_samples.jsonl carries each model's raw score, equal to the plain forward of (row prompt, completion), and
+    eval/reward/<name> in eval_summary.json is their mean over every completion (greedy and sampled)."""
+    rows = [json.loads(line) for line in open(tiny / "data" / "eval.jsonl")][:6]
+    data = tmp_path / "eval.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    p = subprocess.run(trainer_cmd(2, "--mode=eval", f"--model_path={tiny / 'model'}", f"--eval_data={data}",
+                                   f"--run_dir={tmp_path / 'eval'}", "--eval_samples=2", "--max_response_len=48",
+                                   f"--reward.models={rms['plain']},{rms['chat']}"),
+                       cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    prompt = {r["id"]: r["prompt"] for r in rows}
+    samples = [json.loads(line) for line in open(tmp_path / "eval" / "eval_samples.jsonl")]
+    assert len(samples) == 6 * 3
+    summary = json.loads((tmp_path / "eval" / "eval_summary.json").read_text())
+    for name, kind in (("rm_plain", "plain"), ("rm_chat", "chat")):
+        want = [plain_score(rms[kind], prompt[s["id"]], s["completion"], kind == "chat") for s in samples]
+        assert [s["reward_models"][name] for s in samples] == pytest.approx(want, abs=1e-4), name
+        assert summary[f"eval/reward/{name}"] == pytest.approx(sum(want) / len(want), abs=1e-4), name
