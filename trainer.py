@@ -702,7 +702,7 @@ def evaluate(run: Run, samples_out: Path | None = None) -> dict:
                              for i, t in enumerate(texts)])
     run.engine.sleep()
     rm, rm_means = run.reward_models.held_out([(rows[i // (k + 1)]["prompt"], t) for i, t in enumerate(texts)]) \
-        if run.reward_models else ([{}] * len(texts), {})  # reward.models' view of the same completions
+        if run.reward_models else ([], {})  # reward.models' view of the same completions
     sources = sorted({r["data_source"] for r in run.eval_rows})
     if samples_out is not None:
         mine = [{"id": row.get("id"), "data_source": row["data_source"], "task": row["task"], "name": row.get("name"),

@@ -21,14 +21,11 @@ weights, tokenizer) goes to --out.
 import argparse
 import json
 import random
-import shutil
 from pathlib import Path
 
 import torch
 
 from data.arithmetic import make_split, with_slip
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 def pairs(n: int, seed: int, exclude: set) -> list[tuple[str, str, str]]:
@@ -77,8 +74,8 @@ def train(init: Path, out: Path, steps: int, batch: int, lr: float, seed: int, n
             right += int((s[:len(b)] > s[len(b):]).sum())
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
-    for f in TOKENIZER_FILES:
-        shutil.copy(init / f, out / f)
+    tok.chat_template = None  # it was trained on prompt + response as text: rewards/models.py formats it so only
+    tok.save_pretrained(out)  # when the folder has no template (init's, for serving, would reformat the input)
     return right / len(held_out)
 
 
