@@ -202,21 +202,28 @@ def test_rl_reward_is_funcs_plus_weighted_models(tiny, rms, tmp_path, nproc, sha
 
 
 @pytest.mark.slow
-def test_eval_mode_scores_held_out_completions(tiny, rms, tmp_path):
+@pytest.mark.parametrize("shard", [False, True])
+def test_eval_mode_scores_held_out_completions(tiny, rms, tmp_path, shard):
     """--mode=eval with reward.models on 2 ranks (each scores its share of the completions): each completion in
     eval_samples.jsonl carries each model's raw score, equal to the plain forward of (row prompt, completion), and
-    eval/reward/<name> in eval_summary.json is their mean over every completion (greedy and sampled)."""
-    rows = [json.loads(line) for line in open(tiny / "data" / "eval.jsonl")][:6]
+    eval/reward/<name> in eval_summary.json is their mean over every completion (greedy and sampled). shard: the
+    models FSDP2-sharded, 5 rows (9 completions on one rank, 6 on the other) and a token budget of a row or two a
+    forward, so the ranks' forward counts differ and the padding forwards must keep them in step (a 60 s collective
+    timeout turns a missing one into a failure, not a hang)."""
+    n = 5 if shard else 6
+    rows = [json.loads(line) for line in open(tiny / "data" / "eval.jsonl")][:n]
     data = tmp_path / "eval.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    more = ["--reward.models_shard=true", "--max_prompt_len=80", "--token_budget=128", "--dist_timeout_s=60"] \
+        if shard else []
     p = subprocess.run(trainer_cmd(2, "--mode=eval", f"--model_path={tiny / 'model'}", f"--eval_data={data}",
                                    f"--run_dir={tmp_path / 'eval'}", "--eval_samples=2", "--max_response_len=48",
-                                   f"--reward.models={rms['plain']},{rms['chat']}"),
+                                   f"--reward.models={rms['plain']},{rms['chat']}", *more),
                        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     prompt = {r["id"]: r["prompt"] for r in rows}
     samples = [json.loads(line) for line in open(tmp_path / "eval" / "eval_samples.jsonl")]
-    assert len(samples) == 6 * 3
+    assert len(samples) == n * 3
     summary = json.loads((tmp_path / "eval" / "eval_summary.json").read_text())
     for name, kind in (("rm_plain", "plain"), ("rm_chat", "chat")):
         want = [plain_score(rms[kind], prompt[s["id"]], s["completion"], kind == "chat") for s in samples]
